@@ -1,0 +1,47 @@
+"""Lanes: priority lanes for LLM inference fleets.
+
+Import public names from here; the modules behind them are private detail.
+"""
+
+from lanes.errors import (
+    AcquireCancelled,
+    AcquireTimeout,
+    BackendError,
+    BackendOverloaded,
+    CandidatesExhausted,
+    CapacityWaitTimeout,
+    CatalogInvalid,
+    DatabaseUnavailable,
+    InvalidInput,
+    LaneSignal,
+    LanesError,
+    LeaseLost,
+    RedisUnavailable,
+    RoutingError,
+    ServiceUnavailable,
+)
+from lanes.priority import Priority
+from lanes.settings import Settings, load_settings
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AcquireCancelled",
+    "AcquireTimeout",
+    "BackendError",
+    "BackendOverloaded",
+    "CandidatesExhausted",
+    "CapacityWaitTimeout",
+    "CatalogInvalid",
+    "DatabaseUnavailable",
+    "InvalidInput",
+    "LaneSignal",
+    "LanesError",
+    "LeaseLost",
+    "Priority",
+    "RedisUnavailable",
+    "RoutingError",
+    "ServiceUnavailable",
+    "Settings",
+    "load_settings",
+]

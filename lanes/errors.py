@@ -1,0 +1,117 @@
+"""Every error Lanes raises, under one root.
+
+::
+
+    LanesError
+    ├── InvalidInput                 bad input from a user or a file; nothing was changed
+    │   └── CatalogInvalid           a catalog file with one or more problems (``.problems``)
+    ├── ServiceUnavailable           a service Lanes needs did not answer in time
+    │   ├── RedisUnavailable
+    │   └── DatabaseUnavailable
+    ├── LaneSignal                   how a lane wait ended, when it did not end in a grant
+    │   ├── AcquireTimeout           the wait budget ran out; the caller holds nothing
+    │   └── AcquireCancelled         the caller cancelled; the caller holds nothing
+    ├── LeaseLost                    a holder's renewal was refused: stop using the slot
+    └── RoutingError                 a routed request could not be served
+        ├── CapacityWaitTimeout      no candidate admitted the request in its budget (retryable)
+        ├── BackendError             a backend answered badly or not at all
+        │   └── BackendOverloaded    429 / 503 / 529
+        └── CandidatesExhausted      every candidate failed and no retry budget is left
+
+Control-flow signals (``LaneSignal``) are kept apart from failures so that the
+walker can catch them without also catching real faults.
+"""
+
+from __future__ import annotations
+
+
+class LanesError(Exception):
+    """Root of every error Lanes raises."""
+
+
+class InvalidInput(LanesError, ValueError):
+    """Input was refused before anything was written or enqueued."""
+
+
+class CatalogInvalid(InvalidInput):
+    """A catalog document with problems; each names its key path and value."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        count = len(self.problems)
+        head = f"{count} problem{'s' if count != 1 else ''} in the catalog; nothing was written"
+        super().__init__(head + "\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class ServiceUnavailable(LanesError):
+    """A service did not answer within its bounded time."""
+
+
+class RedisUnavailable(ServiceUnavailable):
+    """Redis did not answer; lanes never fall back to counting in-process."""
+
+
+class DatabaseUnavailable(ServiceUnavailable):
+    """The catalog database did not answer."""
+
+
+class LaneSignal(LanesError):
+    """A lane wait ended without a grant. The caller holds nothing."""
+
+
+class AcquireTimeout(LaneSignal, TimeoutError):
+    """The wait budget ran out before a slot was granted."""
+
+
+class AcquireCancelled(LaneSignal):
+    """The wait was cancelled before a slot was granted."""
+
+
+class LeaseLost(LanesError):
+    """The lane refused a renewal: the holder must stop using its slot now."""
+
+
+class RoutingError(LanesError):
+    """A routed request could not be served."""
+
+
+class CapacityWaitTimeout(RoutingError):
+    """No candidate admitted the request within its budget. Retry later."""
+
+    retryable = True
+
+
+class BackendError(RoutingError):
+    """A backend call failed: connection, timeout, 5xx or an overload answer."""
+
+    def __init__(self, message: str, *, model: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.model = model
+        self.status = status
+
+
+class BackendOverloaded(BackendError):
+    """The backend said it is full (429, 503 or 529)."""
+
+
+class CandidatesExhausted(RoutingError):
+    """Every candidate failed and the deadline leaves no room for a retry."""
+
+
+__all__ = [
+    "LanesError",
+    "InvalidInput",
+    "CatalogInvalid",
+    "ServiceUnavailable",
+    "RedisUnavailable",
+    "DatabaseUnavailable",
+    "LaneSignal",
+    "AcquireTimeout",
+    "AcquireCancelled",
+    "LeaseLost",
+    "RoutingError",
+    "CapacityWaitTimeout",
+    "BackendError",
+    "BackendOverloaded",
+    "CandidatesExhausted",
+]

@@ -1,0 +1,56 @@
+"""Redis connections built from settings, with bounded timeouts."""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio
+
+from lanes.embedded import EmbeddedRedis
+from lanes.errors import RedisUnavailable
+from lanes.settings import Settings
+
+
+def resolve_redis_url(settings: Settings, *, start_embedded: bool = True) -> str:
+    """The configured Redis URL, or the embedded server's (started if needed)."""
+    if settings.redis_url:
+        return settings.redis_url
+    embedded = EmbeddedRedis(settings.state_dir / "redis")
+    if start_embedded:
+        return embedded.ensure()
+    return embedded.url
+
+
+def connect(url: str, *, timeout: float = 5.0, **kwargs) -> redis.Redis:
+    """A sync client whose every call fails within ``timeout`` when Redis is gone.
+
+    Blocking commands (``BLPOP``) pass their own, longer socket timeout.
+    """
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        health_check_interval=0,
+        **kwargs,
+    )
+
+
+def connect_async(url: str, *, timeout: float = 5.0, **kwargs) -> redis.asyncio.Redis:
+    return redis.asyncio.Redis.from_url(
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, **kwargs
+    )
+
+
+def eviction_warning(client: redis.Redis) -> str | None:
+    """A warning when Redis may evict lane keys, or None when it is safe."""
+    try:
+        policy = client.config_get("maxmemory-policy").get("maxmemory-policy")
+    except redis.ResponseError:
+        return None  # CONFIG disabled (managed Redis): nothing we can read
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"Redis did not answer: {exc}") from exc
+    if policy and policy != "noeviction":
+        return (
+            f"Redis maxmemory-policy is {policy!r}: an eviction of a lane's keys would over-admit; "
+            "set 'maxmemory-policy noeviction' on the Redis that holds lanes"
+        )
+    return None

@@ -1,0 +1,103 @@
+"""Typed settings, read from ``LANES_*`` environment variables only when asked.
+
+Nothing here runs at import: call :func:`load_settings` (or build
+:class:`Settings` by keyword) where a process starts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def mask_url(url: str | None) -> str | None:
+    """Return ``url`` with any password replaced by ``***``."""
+    if not url:
+        return url
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def default_state_dir() -> Path:
+    return Path.cwd() / ".lanes"
+
+
+class Settings(BaseSettings):
+    """Everything a Lanes process needs to know about its surroundings.
+
+    Redis and database URLs are optional: without them Lanes runs an embedded
+    Redis server and a SQLite catalog under ``state_dir``.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="LANES_", frozen=True, extra="forbid")
+
+    redis_url: str | None = Field(default=None, description="Redis for lanes, broker and results")
+    database_url: str | None = Field(default=None, description="SQLAlchemy URL of the catalog")
+    api_token: SecretStr | None = Field(default=None, description="bearer token of the admin API")
+    state_dir: Path = Field(default_factory=default_state_dir)
+    key_prefix: str = Field(default="lanes:v1", description="prefix of every Redis key Lanes writes")
+
+    lease_seconds: float = Field(default=30.0, gt=0)
+    renew_seconds: float | None = Field(default=None, gt=0, description="default: a third of the lease")
+    redis_timeout_seconds: float = Field(default=5.0, gt=0)
+
+    result_ttl_seconds: int = Field(default=86_400, ge=60)
+    idempotency_ttl_seconds: int = Field(default=86_400, ge=60)
+    admission_cap_seconds: float = Field(default=300.0, gt=0)
+    visibility_timeout_seconds: int = Field(default=7_200, ge=60)
+    workers_per_lane: int = Field(default=2, ge=1)
+    fleet_min_workers: int = Field(default=2, ge=2)
+    fleet_max_workers: int = Field(default=64, ge=2)
+    events_max: int = Field(default=100_000, ge=100)
+    events_enabled: bool = True
+
+    @field_validator("key_prefix")
+    @classmethod
+    def _prefix_has_no_braces(cls, value: str) -> str:
+        if "{" in value or "}" in value or not value:
+            raise ValueError(f"key prefix {value!r} must be non-empty and hold no braces")
+        return value
+
+    @model_validator(mode="after")
+    def _renew_inside_lease(self) -> "Settings":
+        if self.renew_seconds is not None and self.renew_seconds >= self.lease_seconds:
+            raise ValueError(
+                f"renew_seconds {self.renew_seconds} must be shorter than lease_seconds {self.lease_seconds}"
+            )
+        if self.fleet_max_workers < self.fleet_min_workers:
+            raise ValueError(
+                f"fleet_max_workers {self.fleet_max_workers} is below fleet_min_workers {self.fleet_min_workers}"
+            )
+        return self
+
+    @property
+    def renew_interval(self) -> float:
+        return self.renew_seconds if self.renew_seconds is not None else self.lease_seconds / 3
+
+    @property
+    def sqlite_path(self) -> Path:
+        return self.state_dir / "catalog.db"
+
+    def catalog_url(self) -> str:
+        """The configured database URL, or the embedded SQLite file."""
+        return self.database_url or f"sqlite:///{self.sqlite_path}"
+
+    def __repr_args__(self):
+        for name, value in super().__repr_args__():
+            if name in ("redis_url", "database_url"):
+                value = mask_url(value)
+            yield name, value
+
+
+def load_settings(**overrides) -> Settings:
+    """Read the environment now; keyword overrides win over it."""
+    return Settings(**overrides)
