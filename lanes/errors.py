@@ -84,10 +84,16 @@ class CapacityWaitTimeout(RoutingError):
 class BackendError(RoutingError):
     """A backend call failed: connection, timeout, 5xx or an overload answer."""
 
-    def __init__(self, message: str, *, model: str, status: int | None = None) -> None:
+    # A 4xx other than 429 says the request itself is wrong: no other
+    # candidate would take it, so the walker stops instead of falling back.
+    def __init__(self, message: str, model: str | None = None, status: int | None = None) -> None:
         super().__init__(message)
         self.model = model
         self.status = status
+
+    @property
+    def request_rejected(self) -> bool:
+        return self.status is not None and 400 <= self.status < 500 and self.status != 429
 
 
 class BackendOverloaded(BackendError):

@@ -84,6 +84,14 @@ class Settings(BaseSettings):
         return self.renew_seconds if self.renew_seconds is not None else self.lease_seconds / 3
 
     @property
+    def background_wait_cap(self) -> float:
+        """How long a deadline-less lane wait may last before its task is requeued.
+
+        Below Celery's visibility timeout, so a waiting task is never redelivered.
+        """
+        return max(1.0, self.visibility_timeout_seconds - max(30.0, self.visibility_timeout_seconds * 0.1))
+
+    @property
     def sqlite_path(self) -> Path:
         return self.state_dir / "catalog.db"
 

@@ -1,0 +1,76 @@
+"""The one Celery configuration, shared by publishers and workers.
+
+``lanes`` publishes routed work by task name, so it never imports the task
+modules in ``workers/``; the worker app is built from the same function.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from lanes.priority import Priority
+from lanes.settings import Settings
+
+ROUTE_TASK = "lanes.route"
+QUEUE_PREFIX = "lanes."
+HOSTED_FLEET = "hosted"
+
+# kombu's Redis transport keeps one list per priority step; 0 is served first.
+# Interactive and user-tool work share the foreground queue, ordered by these.
+MESSAGE_PRIORITY = {Priority.INTERACTIVE: 0, Priority.USER_TOOL: 3, Priority.BACKGROUND: 6}
+
+
+def fleet_queues(fleet: str) -> tuple[str, str]:
+    """(foreground queue, background queue) of one fleet.
+
+    Background work has a queue of its own so a worker can stop taking it when
+    background tasks fill all but its reserved slot.
+    """
+    base = f"{QUEUE_PREFIX}{fleet}"
+    return base, f"{base}.background"
+
+
+def queue_for(fleet: str, priority: Priority) -> str:
+    foreground, background = fleet_queues(fleet)
+    return background if priority is Priority.BACKGROUND else foreground
+
+
+def celery_config(settings: Settings, redis_url: str) -> dict:
+    return {
+        "broker_url": redis_url,
+        "result_backend": redis_url,
+        "task_serializer": "json",
+        "result_serializer": "json",
+        "accept_content": ["json"],
+        "result_accept_content": ["json"],
+        "result_expires": settings.result_ttl_seconds,
+        "result_extended": True,
+        # Prefetch defeats priority: take one message per free thread, ack after.
+        "task_acks_late": True,
+        "task_reject_on_worker_lost": True,
+        "worker_prefetch_multiplier": 1,
+        "task_track_started": True,
+        # Flower sees tasks only through events, sent from both ends.
+        "worker_send_task_events": True,
+        "task_send_sent_event": True,
+        "broker_connection_retry_on_startup": True,
+        "broker_transport_options": {
+            # Longer than any lane wait may last: a task is never redelivered
+            # while it still waits or runs (background waits give their place
+            # back and requeue before this).
+            "visibility_timeout": settings.visibility_timeout_seconds,
+            "queue_order_strategy": "priority",
+            "priority_steps": sorted(set(MESSAGE_PRIORITY.values())),
+            "sep": ":",
+        },
+        "result_backend_transport_options": {"retry_policy": {"timeout": 5.0}},
+        "worker_hijack_root_logger": False,
+        "worker_cancel_long_running_tasks_on_connection_loss": True,
+    }
+
+
+def make_celery(settings: Settings, redis_url: str, *, main: str = "lanes") -> Celery:
+    """A Celery app configured for Lanes (publishing, results, workers)."""
+    app = Celery(main, set_as_current=False)
+    app.conf.update(celery_config(settings, redis_url))
+    return app

@@ -1,0 +1,142 @@
+"""Calls to OpenAI-compatible backends over one pooled HTTP client per process.
+
+Chat completions are always streamed from the backend, so the time to first
+token is measured and a lost lease can stop the call between chunks; the
+caller gets the assembled answer.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from lanes.catalog import ModelInfo
+from lanes.errors import BackendError, BackendOverloaded, LeaseLost
+
+OVERLOAD_STATUSES = frozenset({429, 503, 529})
+
+
+@dataclass
+class BackendAnswer:
+    model: str
+    body: dict
+    status: int
+    seconds: float
+    ttft_seconds: float | None = None
+    chunks: int = 0
+    extra: dict = field(default_factory=dict)
+
+
+class BackendClient:
+    """One connection pool for every backend this process calls."""
+
+    def __init__(self, *, max_connections: int = 256) -> None:
+        self._http = httpx.Client(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
+            timeout=httpx.Timeout(60.0),
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def call(
+        self,
+        model: ModelInfo,
+        payload: dict,
+        *,
+        timeout: float,
+        abort: threading.Event | None = None,
+    ) -> BackendAnswer:
+        """Call ``model`` with ``payload`` within ``timeout`` seconds.
+
+        Raises BackendOverloaded (429/503/529), BackendError (anything else
+        that failed) or LeaseLost (``abort`` was set mid-call).
+        """
+        if timeout <= 0:
+            raise BackendError(f"no time left to call {model.name}", model.name)
+        headers = {"content-type": "application/json"}
+        if model.api_key_env:
+            key = os.environ.get(model.api_key_env)
+            if key:
+                headers["authorization"] = f"Bearer {key}"
+        limit = httpx.Timeout(timeout, connect=min(timeout, 5.0))
+        start = time.monotonic()
+        try:
+            if model.kind == "embedding":
+                return self._embed(model, payload, headers, limit, start)
+            return self._chat(model, payload, headers, limit, start, timeout, abort)
+        except httpx.TimeoutException as exc:
+            raise BackendError(f"{model.name} timed out after {timeout:.1f}s ({type(exc).__name__})", model.name) from exc
+        except httpx.HTTPError as exc:
+            raise BackendError(f"{model.name} could not be reached: {exc}", model.name) from exc
+
+    def _embed(self, model, payload, headers, limit, start) -> BackendAnswer:
+        body = {**payload, "model": model.name}
+        response = self._http.post(_url(model, "/embeddings"), json=body, headers=headers, timeout=limit)
+        _raise_for_status(model, response.status_code, response.text)
+        return BackendAnswer(model.name, response.json(), response.status_code, time.monotonic() - start)
+
+    def _chat(self, model, payload, headers, limit, start, timeout, abort) -> BackendAnswer:
+        body = {**payload, "model": model.name, "stream": True}
+        content: list[str] = []
+        ttft = None
+        chunks = 0
+        finish_reason = None
+        usage = None
+        with self._http.stream(
+            "POST", _url(model, "/chat/completions"), json=body, headers=headers, timeout=limit
+        ) as response:
+            if response.status_code >= 400:
+                response.read()
+                _raise_for_status(model, response.status_code, response.text)
+            for line in response.iter_lines():
+                if abort is not None and abort.is_set():
+                    raise LeaseLost(f"lease on {model.name}'s lane was lost mid-call; call aborted")
+                if time.monotonic() - start > timeout:
+                    raise BackendError(f"{model.name} did not finish within {timeout:.1f}s", model.name)
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                chunk = json.loads(data)
+                chunks += 1
+                if ttft is None:
+                    ttft = time.monotonic() - start
+                for choice in chunk.get("choices", []):
+                    delta = choice.get("delta") or {}
+                    if delta.get("content"):
+                        content.append(delta["content"])
+                    finish_reason = choice.get("finish_reason") or finish_reason
+                usage = chunk.get("usage") or usage
+        answer = {
+            "model": model.name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(content)},
+                    "finish_reason": finish_reason,
+                }
+            ],
+        }
+        if usage:
+            answer["usage"] = usage
+        return BackendAnswer(model.name, answer, 200, time.monotonic() - start, ttft, chunks)
+
+
+def _url(model: ModelInfo, path: str) -> str:
+    return model.base_url.rstrip("/") + path
+
+
+def _raise_for_status(model: ModelInfo, status: int, text: str) -> None:
+    if status < 400:
+        return
+    detail = text.strip().replace("\n", " ")[:200]
+    if status in OVERLOAD_STATUSES:
+        raise BackendOverloaded(f"{model.name} is overloaded ({status}): {detail}", model.name, status)
+    raise BackendError(f"{model.name} answered {status}: {detail}", model.name, status)

@@ -1,0 +1,159 @@
+"""Submitting routed work and reading its result.
+
+``LanesClient.submit`` validates everything against the catalog before
+anything is enqueued; a bad request raises ``InvalidInput`` and leaves no
+trace in Redis.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from datetime import datetime
+
+from celery.result import AsyncResult
+
+from lanes.catalog import RoutingTable, catalog_version, load_routing, open_catalog
+from lanes.celery_client import MESSAGE_PRIORITY, ROUTE_TASK, HOSTED_FLEET, make_celery, queue_for
+from lanes.errors import InvalidInput, RedisUnavailable
+from lanes.priority import Priority
+from lanes.redis_conn import connect, resolve_redis_url
+from lanes.routing.request import RouteRequest, check_payload, parse_deadline
+from lanes.routing.trace import TraceStore
+from lanes.settings import Settings, load_settings
+
+import redis
+
+
+class LanesClient:
+    """Publishes routed work for a catalog and reads results back."""
+
+    def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None) -> None:
+        self.settings = settings or load_settings()
+        self.redis_url = redis_url or resolve_redis_url(self.settings)
+        self.redis = connect(self.redis_url, timeout=self.settings.redis_timeout_seconds)
+        self.celery = make_celery(self.settings, self.redis_url)
+        self.engine = open_catalog(self.settings)
+        self.traces = TraceStore(self.redis, prefix=self.settings.key_prefix, ttl_seconds=self.settings.result_ttl_seconds)
+        self._table: RoutingTable | None = None
+        self._checked_at = 0.0
+        self._lock = threading.Lock()
+
+    def table(self) -> RoutingTable:
+        with self._lock:
+            now = time.monotonic()
+            if self._table is None or (
+                now - self._checked_at >= 1.0 and catalog_version(self.engine) != self._table.version
+            ):
+                self._table = load_routing(self.engine)
+            if now - self._checked_at >= 1.0:
+                self._checked_at = now
+            return self._table
+
+    def submit(
+        self,
+        workflow: str,
+        payload: dict | str,
+        *,
+        priority: Priority | str | None = None,
+        deadline: float | datetime | None = None,
+        idempotency_key: str | None = None,
+    ) -> AsyncResult:
+        table = self.table()
+        route = table.workflows.get(workflow)
+        if route is None:
+            known = ", ".join(sorted(table.workflows)) or "none; apply a catalog first"
+            raise InvalidInput(f"unknown workflow {workflow!r} (known: {known})")
+        if not route.candidates:
+            raise InvalidInput(f"workflow {workflow!r} has no candidate models; add one to the catalog")
+        chosen = route.priority if priority is None else Priority.parse(priority)
+        now = time.time()
+        request = RouteRequest(
+            task_id=str(uuid.uuid4()),
+            workflow=workflow,
+            payload=check_payload(payload, kind=route.candidates[0].kind, workflow=workflow),
+            priority=chosen,
+            deadline=parse_deadline(deadline, now=now),
+            submitted_at=now,
+            idempotency_key=idempotency_key,
+        )
+        if idempotency_key is not None:
+            if not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 200:
+                raise InvalidInput(f"idempotency key {idempotency_key!r} must be a non-empty string of <= 200 characters")
+            existing = self._claim_key(idempotency_key, request.task_id)
+            if existing is not None:
+                return self.celery.AsyncResult(existing)
+        try:
+            self.celery.send_task(
+                ROUTE_TASK,
+                args=[request.to_message()],
+                task_id=request.task_id,
+                queue=queue_for(route.fleet or HOSTED_FLEET, chosen),
+                priority=MESSAGE_PRIORITY[chosen],
+            )
+        except Exception as exc:
+            if idempotency_key is not None:
+                self.redis.delete(self._idem_key(idempotency_key))
+            raise RedisUnavailable(f"could not enqueue the task: {exc}") from exc
+        return self.celery.AsyncResult(request.task_id)
+
+    def _idem_key(self, key: str) -> str:
+        return f"{self.settings.key_prefix}:idem:{key}"
+
+    def _claim_key(self, key: str, task_id: str) -> str | None:
+        """Bind the key to this task id, or return the task it is bound to."""
+        try:
+            claimed = self.redis.set(self._idem_key(key), task_id, nx=True, ex=self.settings.idempotency_ttl_seconds)
+            if claimed:
+                return None
+            existing = self.redis.get(self._idem_key(key))
+        except redis.ConnectionError as exc:
+            raise RedisUnavailable(f"Redis did not answer: {exc}") from exc
+        return existing.decode() if existing else None
+
+    def result(self, task_id: str) -> dict:
+        """State, answer or error, and the routing trace of every attempt."""
+        result = self.celery.AsyncResult(task_id)
+        state = result.state
+        out: dict = {"task_id": task_id, "state": state, "attempts": self.traces.load(task_id)}
+        if state == "SUCCESS":
+            out["result"] = result.result
+        elif state in ("FAILURE", "REVOKED"):
+            error = result.result
+            out["error"] = {"type": type(error).__name__, "message": str(error)}
+        if state == "PENDING" and not out["attempts"]:
+            out["note"] = "unknown task id, or not started yet (results are kept for "
+            out["note"] += f"{self.settings.result_ttl_seconds}s)"
+        return out
+
+    def close(self) -> None:
+        self.redis.close()
+        self.celery.close()
+        self.engine.dispose()
+
+
+_default: LanesClient | None = None
+_default_lock = threading.Lock()
+
+
+def default_client() -> LanesClient:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = LanesClient()
+        return _default
+
+
+def submit(
+    workflow: str,
+    payload: dict | str,
+    *,
+    priority: Priority | str | None = None,
+    deadline: float | datetime | None = None,
+    idempotency_key: str | None = None,
+) -> AsyncResult:
+    """Submit work to ``workflow`` with settings from the environment."""
+    return default_client().submit(
+        workflow, payload, priority=priority, deadline=deadline, idempotency_key=idempotency_key
+    )

@@ -1,0 +1,164 @@
+"""Routing events at request rate: a capped Redis stream, written in batches.
+
+``lane_wait`` (one per admission) and ``lane_bypass`` (one per candidate
+passed over) come at request rate, so they are buffered in the process and
+flushed by one background thread in a pipeline, instead of costing each
+request a round trip. The stream is trimmed to ``max_len`` entries.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+from dataclasses import dataclass
+
+import redis
+
+from lanes.errors import RedisUnavailable
+
+
+@dataclass(frozen=True)
+class Event:
+    id: str
+    time: float
+    kind: str
+    pool: str | None
+    workflow: str | None
+    detail: dict
+
+    def as_dict(self) -> dict:
+        return {
+            "id": self.id,
+            "time": self.time,
+            "kind": self.kind,
+            "pool": self.pool,
+            "workflow": self.workflow,
+            **self.detail,
+        }
+
+
+def events_key(prefix: str) -> str:
+    return f"{prefix}:events"
+
+
+class EventLog:
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        prefix: str,
+        max_len: int = 100_000,
+        enabled: bool = True,
+        flush_interval: float = 0.1,
+    ) -> None:
+        self._client = client
+        self._key = events_key(prefix)
+        self._max_len = max_len
+        self.enabled = enabled
+        self._interval = flush_interval
+        self._buffer: list[dict] = []
+        self._lock = threading.Lock()
+        self._wake = threading.Event()
+        self._closed = False
+        self._thread: threading.Thread | None = None
+
+    def record(self, kind: str, *, pool: str | None = None, workflow: str | None = None, **detail) -> None:
+        if not self.enabled:
+            return
+        fields = {"kind": kind, "pool": pool or "", "workflow": workflow or "", "detail": json.dumps(detail)}
+        with self._lock:
+            self._buffer.append(fields)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="lanes-events", daemon=True)
+                self._thread.start()
+
+    def _run(self) -> None:
+        while not self._closed:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            try:
+                self.flush()
+            except RedisUnavailable:
+                pass  # kept in the buffer; the next flush tries again
+
+    def flush(self) -> int:
+        with self._lock:
+            batch, self._buffer = self._buffer, []
+        if not batch:
+            return 0
+        pipe = self._client.pipeline(transaction=False)
+        for fields in batch:
+            pipe.xadd(self._key, fields, maxlen=self._max_len, approximate=True)
+        try:
+            pipe.execute()
+        except redis.ConnectionError as exc:
+            with self._lock:
+                # Keep what failed, but never grow without bound while Redis is away.
+                self._buffer = (batch + self._buffer)[-self._max_len :]
+            raise RedisUnavailable(f"could not write routing events: {exc}") from exc
+        return len(batch)
+
+    def close(self) -> None:
+        self._closed = True
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2)
+        try:
+            self.flush()
+        except RedisUnavailable:
+            pass
+
+    def list(
+        self,
+        *,
+        kind: str | None = None,
+        pool: str | None = None,
+        workflow: str | None = None,
+        since: float | None = None,
+        limit: int = 100,
+        scan_limit: int = 20_000,
+    ) -> list[Event]:
+        """Newest first, filtered; reads at most ``scan_limit`` entries."""
+        found: list[Event] = []
+        end = "+"
+        start = f"{int(since * 1000)}-0" if since is not None else "-"
+        scanned = 0
+        while len(found) < limit and scanned < scan_limit:
+            page = self._client.xrevrange(self._key, max=end, min=start, count=500)
+            if not page:
+                break
+            for entry_id, fields in page:
+                scanned += 1
+                event = _decode(entry_id, fields)
+                if kind and event.kind != kind:
+                    continue
+                if pool and event.pool != pool:
+                    continue
+                if workflow and event.workflow != workflow:
+                    continue
+                found.append(event)
+                if len(found) >= limit:
+                    break
+            last = page[-1][0].decode() if isinstance(page[-1][0], bytes) else page[-1][0]
+            ms, seq = (int(x) for x in last.split("-"))
+            end = f"{ms}-{seq - 1}" if seq > 0 else f"{ms - 1}"
+        return found
+
+    def count(self) -> int:
+        return int(self._client.xlen(self._key))
+
+
+def _decode(entry_id, fields) -> Event:
+    text = {k.decode() if isinstance(k, bytes) else k: v.decode() if isinstance(v, bytes) else v for k, v in fields.items()}
+    ident = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    return Event(
+        id=ident,
+        time=int(ident.split("-")[0]) / 1000,
+        kind=text.get("kind", ""),
+        pool=text.get("pool") or None,
+        workflow=text.get("workflow") or None,
+        detail=json.loads(text.get("detail") or "{}"),
+    )
+
+

@@ -1,0 +1,121 @@
+"""What one process needs to route: a fresh view of the catalog, one lane per
+pool, the shared breakers, the event log, the backend client and traces.
+
+Built lazily and shared by every worker thread of a process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from lanes.catalog import PoolInfo, RoutingTable, WorkflowRoute, catalog_version, load_routing, open_catalog
+from lanes.clock import Clock, SystemClock
+from lanes.errors import InvalidInput
+from lanes.lane import Lane
+from lanes.redis_conn import connect, resolve_redis_url
+from lanes.routing.backend import BackendClient
+from lanes.routing.breaker import Breakers
+from lanes.routing.events import EventLog
+from lanes.routing.trace import TraceStore
+from lanes.settings import Settings
+
+
+def lane_key(pool: PoolInfo) -> str:
+    """Lanes are keyed by the pool's stable id: a rename keeps the same lane."""
+    return f"pool:{pool.id}"
+
+
+class Runtime:
+    def __init__(
+        self,
+        settings: Settings,
+        *,
+        redis_url: str | None = None,
+        clock: Clock | None = None,
+        refresh_seconds: float = 1.0,
+        engine=None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.redis_url = redis_url or resolve_redis_url(settings)
+        self.client: redis.Redis = connect(self.redis_url, timeout=settings.redis_timeout_seconds)
+        self.engine = engine or open_catalog(settings)
+        self.breakers = Breakers(self.client, prefix=settings.key_prefix)
+        self.events = EventLog(
+            self.client, prefix=settings.key_prefix, max_len=settings.events_max, enabled=settings.events_enabled
+        )
+        self.traces = TraceStore(self.client, prefix=settings.key_prefix, ttl_seconds=settings.result_ttl_seconds)
+        self.backend = BackendClient()
+        self._refresh_seconds = refresh_seconds
+        self._lock = threading.Lock()
+        self._table: RoutingTable | None = None
+        self._checked_at = 0.0
+        self._lanes: dict[int, Lane] = {}
+
+    # --- catalog -----------------------------------------------------------
+
+    def table(self) -> RoutingTable:
+        """The routing table, re-read when the catalog version moves."""
+        with self._lock:
+            now = time.monotonic()
+            if self._table is not None and now - self._checked_at < self._refresh_seconds:
+                return self._table
+            self._checked_at = now
+            if self._table is None or catalog_version(self.engine) != self._table.version:
+                self._table = load_routing(self.engine)
+                self._follow_widths(self._table)
+            return self._table
+
+    def workflow(self, name: str) -> WorkflowRoute:
+        table = self.table()
+        route = table.workflows.get(name)
+        if route is None:
+            known = ", ".join(sorted(table.workflows)) or "none"
+            raise InvalidInput(f"unknown workflow {name!r} (known: {known})")
+        if not route.candidates:
+            raise InvalidInput(f"workflow {name!r} has no candidate models; add one to the catalog")
+        return route
+
+    def _pool_width(self, pool_id: int) -> int:
+        table = self._table or load_routing(self.engine)
+        for pool in table.pools.values():
+            if pool.id == pool_id:
+                return pool.width
+        raise InvalidInput(f"pool id {pool_id} is no longer in the catalog")
+
+    def _follow_widths(self, table: RoutingTable) -> None:
+        for pool in table.pools.values():
+            lane = self._lanes.get(pool.id)
+            if lane is not None and lane.stats().width != pool.width:
+                lane.resize(pool.width)
+
+    # --- lanes -------------------------------------------------------------
+
+    def lane(self, pool: PoolInfo) -> Lane:
+        lane = self._lanes.get(pool.id)
+        if lane is None:
+            with self._lock:
+                lane = self._lanes.get(pool.id)
+                if lane is None:
+                    lane = Lane(
+                        self.client,
+                        lane_key(pool),
+                        width=lambda pool_id=pool.id: self._pool_width(pool_id),
+                        prefix=self.settings.key_prefix,
+                        lease_seconds=self.settings.lease_seconds,
+                        renew_seconds=self.settings.renew_interval,
+                    )
+                    self._lanes[pool.id] = lane
+        return lane
+
+    def close(self) -> None:
+        self.events.close()
+        self.backend.close()
+        for lane in self._lanes.values():
+            close = getattr(lane, "close", None)
+            if close:
+                close()
+        self.client.close()

@@ -1,0 +1,195 @@
+"""The fallback walker: one routed request through its workflow's candidates.
+
+For each candidate, in the workflow's order:
+
+- its breaker is open, or its lane's forecast wait exceeds what the request
+  can spend there -> pass it over (``lane_bypass``), unless it is the last;
+- otherwise wait in its lane until the admission deadline minus the
+  workflow's fallback reserve (the last candidate keeps no reserve);
+- call the backend, capped by the time left to the deadline; a failure feeds
+  the breaker and moves on, and the slot is always released.
+
+Background work with no deadline waits without limit, up to a cap below
+Celery's visibility timeout, where it asks to be requeued instead.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from lanes.errors import (
+    AcquireTimeout,
+    BackendError,
+    CandidatesExhausted,
+    CapacityWaitTimeout,
+    LaneSignal,
+    LeaseLost,
+)
+from lanes.priority import Priority
+from lanes.routing.request import RouteRequest
+from lanes.routing.trace import Trace
+
+if TYPE_CHECKING:
+    from lanes.catalog import ModelInfo, WorkflowRoute
+    from lanes.routing.runtime import Runtime
+
+
+class RequeueRequested(LaneSignal):
+    """A background wait reached the cap below the visibility timeout: requeue the task."""
+
+
+@dataclass
+class RouteResult:
+    body: dict
+    trace: Trace
+
+    def as_dict(self) -> dict:
+        return {
+            "workflow": self.trace.workflow,
+            "model": self.trace.served_by,
+            "answer": self.body,
+            "trace": self.trace.as_dict(),
+        }
+
+
+class Walker:
+    def __init__(self, runtime: "Runtime") -> None:
+        self.rt = runtime
+        self.trace: Trace | None = None  # the last walk's, kept for failures too
+
+    @property
+    def runtime(self) -> "Runtime":
+        return self.rt
+
+    def walk(
+        self,
+        request: RouteRequest,
+        *,
+        attempt: int = 0,
+        cancel: threading.Event | None = None,
+        trace: Trace | None = None,
+    ) -> RouteResult:
+        route = self.rt.workflow(request.workflow)
+        started = self.rt.clock.now().timestamp()
+        trace = self.trace = trace or Trace(
+            task_id=request.task_id,
+            workflow=route.name,
+            priority=request.priority.label,
+            attempt=attempt,
+            deadline=request.deadline,
+            started_at=started,
+            queued_seconds=max(0.0, started - request.submitted_at),
+        )
+        admission_deadline = request.deadline
+        if admission_deadline is None and request.priority is not Priority.BACKGROUND:
+            admission_deadline = started + self.rt.settings.admission_cap_seconds
+
+        last_index = len(route.candidates) - 1
+        for index, model in enumerate(route.candidates):
+            outcome = self._try(route, model, request, index == last_index, admission_deadline, cancel, trace)
+            if outcome is not None:
+                trace.outcome = "served"
+                trace.served_by = model.name
+                return RouteResult(outcome, trace)
+        trace.outcome = "exhausted"
+        raise CandidatesExhausted(
+            f"every candidate of workflow {route.name!r} failed or was passed over: "
+            + "; ".join(f"{s['model']}: {s['action']}" + (f" ({s['reason']})" if s.get("reason") else "") for s in trace.steps)
+        )
+
+    def _try(self, route, model, request, last, admission_deadline, cancel, trace) -> dict | None:
+        rt = self.rt
+        pool = model.pool
+        pool_name = pool.name if pool else None
+        state = rt.breakers.state(model.name)
+        if state == "open" and not last:
+            self._bypass(trace, route, model, request, "breaker_open")
+            return None
+
+        permit = None
+        if pool is not None:
+            lane = rt.lane(pool)
+            reserve = 0.0 if last else route.reserve_seconds
+            budget = None
+            if admission_deadline is not None:
+                budget = admission_deadline - rt.clock.now().timestamp() - reserve
+                if not last:
+                    if budget <= 0:
+                        self._bypass(trace, route, model, request, "budget_spent", budget_ms=round(budget * 1000))
+                        return None
+                    forecast = lane.forecast(request.priority)
+                    if forecast is not None and forecast > budget:
+                        self._bypass(
+                            trace, route, model, request, "forecast",
+                            forecast_ms=round(forecast * 1000), budget_ms=round(budget * 1000),
+                        )
+                        return None
+            wait_limit = rt.settings.background_wait_cap if budget is None else max(0.0, budget)
+            waited_from = time.monotonic()
+            try:
+                permit = lane.acquire(request.priority, timeout=wait_limit, cancel=cancel)
+            except AcquireTimeout:
+                waited = time.monotonic() - waited_from
+                trace.step(model.name, pool_name, "wait_timeout", wait_ms=round(waited * 1000))
+                if budget is None:
+                    raise RequeueRequested(
+                        f"background wait on {pool_name} reached {wait_limit:.0f}s; requeued"
+                    ) from None
+                if last:
+                    raise CapacityWaitTimeout(
+                        f"capacity_wait_timeout: no slot on {pool_name} for workflow {route.name!r} "
+                        f"within {waited:.1f}s; retry later"
+                    ) from None
+                return None
+            rt.events.record(
+                "lane_wait", pool=pool_name, workflow=route.name,
+                priority=request.priority.label, wait_ms=round(permit.waited_seconds * 1000, 2),
+            )
+
+        timeout = model.timeout_seconds
+        if request.deadline is not None:
+            timeout = min(timeout, request.deadline - rt.clock.now().timestamp())
+        call_started = time.monotonic()
+        try:
+            answer = rt.backend.call(model, request.payload, timeout=timeout, abort=permit.lost if permit else None)
+        except LeaseLost as exc:
+            trace.step(model.name, pool_name, "lease_lost", reason=str(exc),
+                       wait_ms=_ms(permit.waited_seconds) if permit else None)
+            return None
+        except BackendError as exc:
+            if not exc.request_rejected:
+                rt.breakers.record(model.name, ok=False)
+            trace.step(
+                model.name, pool_name, "failed", reason=str(exc), status=exc.status,
+                wait_ms=_ms(permit.waited_seconds) if permit else None,
+                call_ms=_ms(time.monotonic() - call_started),
+            )
+            if exc.request_rejected:
+                raise
+            return None
+        finally:
+            if permit is not None:
+                permit.release()
+        rt.breakers.record(model.name, ok=True)
+        trace.step(
+            model.name, pool_name, "served",
+            wait_ms=_ms(permit.waited_seconds) if permit else None,
+            call_ms=_ms(answer.seconds),
+            ttft_ms=_ms(answer.ttft_seconds) if answer.ttft_seconds is not None else None,
+        )
+        return answer.body
+
+    def _bypass(self, trace, route, model, request, reason: str, **detail) -> None:
+        pool_name = model.pool.name if model.pool else None
+        trace.step(model.name, pool_name, "bypass", reason=reason, **detail)
+        self.rt.events.record(
+            "lane_bypass", pool=pool_name, workflow=route.name, model=model.name,
+            priority=request.priority.label, reason=reason, **detail,
+        )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)

@@ -1,0 +1,136 @@
+"""The Celery worker app: the routed-request task and the worker's own state.
+
+Build it with :func:`create_app`; nothing is read or connected at import.
+``celery -A workers.app:create_app worker`` works too (Celery calls the
+factory), but ``lanes worker --fleet NAME`` sizes and supervises it for you.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from celery import Celery, bootsteps, signals
+from celery.exceptions import Ignore, Reject
+
+from lanes.celery_client import ROUTE_TASK, make_celery
+from lanes.errors import AcquireCancelled, CandidatesExhausted, RedisUnavailable
+from lanes.priority import Priority
+from lanes.redis_conn import resolve_redis_url
+from lanes.routing.request import RouteRequest
+from lanes.routing.runtime import Runtime
+from lanes.routing.walker import RequeueRequested, Walker
+from lanes.settings import Settings, load_settings
+from workers.cancel import CancelRegistry
+from workers.gate import BackgroundGate
+
+log = logging.getLogger("lanes.worker")
+
+RETRY_BACKOFF_CAP = 30.0
+RETRIES_WITHOUT_DEADLINE = 5
+
+
+class WorkerContext:
+    """Per-process state shared by the worker's threads."""
+
+    def __init__(self, settings: Settings, redis_url: str, *, background_limit: int, background_queue: str | None) -> None:
+        self.settings = settings
+        self.redis_url = redis_url
+        self.cancels = CancelRegistry()
+        self.gate = BackgroundGate(background_limit, background_queue) if background_queue else None
+        self._runtime: Runtime | None = None
+        self._lock = threading.Lock()
+
+    def runtime(self) -> Runtime:
+        with self._lock:
+            if self._runtime is None:
+                self._runtime = Runtime(self.settings, redis_url=self.redis_url)
+            return self._runtime
+
+    def close(self) -> None:
+        with self._lock:
+            if self._runtime is not None:
+                self._runtime.close()
+                self._runtime = None
+
+
+class ConsumerHandle(bootsteps.StartStopStep):
+    """Hands the worker's consumer to the background gate."""
+
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def start(self, c) -> None:
+        gate = c.app.lanes_context.gate
+        if gate is not None:
+            gate.consumer = c
+
+
+def create_app(
+    settings: Settings | None = None,
+    *,
+    background_limit: int = 1,
+    background_queue: str | None = None,
+) -> Celery:
+    settings = settings or load_settings()
+    redis_url = resolve_redis_url(settings)
+    app = make_celery(settings, redis_url, main="lanes-worker")
+    context = WorkerContext(settings, redis_url, background_limit=background_limit, background_queue=background_queue)
+    app.lanes_context = context
+    app.steps["consumer"].add(ConsumerHandle)
+
+    @signals.worker_shutting_down.connect(weak=False)
+    def _cancel_waits(**_) -> None:
+        context.cancels.cancel_all("shutdown")
+
+    @signals.worker_process_shutdown.connect(weak=False)
+    def _close(**_) -> None:
+        context.close()
+
+    @app.task(name=ROUTE_TASK, bind=True, acks_late=True, max_retries=None, reject_on_worker_lost=True)
+    def route(self, message: dict) -> dict:
+        return run_routed(self, context, RouteRequest.from_message(message))
+
+    return app
+
+
+def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
+    gated = request.priority is Priority.BACKGROUND and context.gate is not None
+    if gated and not context.gate.enter():
+        raise Reject("every background slot of this worker is taken", requeue=True)
+    task_id = task.request.id
+    cancellation = context.cancels.register(task_id)
+    walker = None
+    try:
+        runtime = context.runtime()
+        walker = Walker(runtime)
+        try:
+            result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event)
+            return result.as_dict()
+        except AcquireCancelled:
+            if cancellation.reason == "revoked":
+                task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
+                raise Ignore()
+            raise Reject("worker shutting down during a lane wait", requeue=True)
+        except RequeueRequested as exc:
+            raise Reject(str(exc), requeue=True)
+        except (CandidatesExhausted, RedisUnavailable) as exc:
+            countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
+            if _may_retry(request, task.request.retries, countdown):
+                raise task.retry(exc=exc, countdown=countdown)
+            raise
+    finally:
+        context.cancels.unregister(task_id)
+        if gated:
+            context.gate.leave()
+        if walker is not None and walker.trace is not None:
+            try:
+                walker.runtime.traces.save(walker.trace)
+            except Exception:  # the trace is a report; losing it must not lose the task
+                log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def _may_retry(request: RouteRequest, retries: int, countdown: float) -> bool:
+    if request.deadline is None:
+        return retries < RETRIES_WITHOUT_DEADLINE
+    return request.deadline - time.time() > countdown + 1.0
