@@ -1,0 +1,68 @@
+"""The routing catalog: pools, models, workflows, farm services and events in SQL.
+
+Public names (import them from here):
+
+- :func:`open_catalog` gives an engine whose schema is at head;
+- :func:`load_routing` / :func:`refresh` read the catalog as frozen values,
+  :func:`catalog_version` says whether it changed;
+- :func:`apply_document` upserts a declarative document, :func:`export_document`
+  gives it back, :func:`read_document` reads a TOML or YAML file;
+- :func:`record_event` appends a routing event.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import Engine
+
+from lanes.catalog.apply import Change, ChangeSet, apply_document
+from lanes.catalog.document import CatalogDocument, validate
+from lanes.catalog.engine import make_engine
+from lanes.catalog.events import EventRecord, recent_events, record_event
+from lanes.catalog.export import export_document
+from lanes.catalog.files import dump, read_document
+from lanes.catalog.migrate import ensure_schema
+from lanes.catalog.pools import set_pool_width
+from lanes.catalog.routing import ModelInfo, PoolInfo, RoutingTable, WorkflowRoute, load_routing, refresh
+from lanes.catalog.version import catalog_version
+from lanes.settings import Settings
+
+
+def open_catalog(settings: Settings) -> Engine:
+    """An engine on the catalog of ``settings``, its schema created or upgraded to head.
+
+    Without ``LANES_DATABASE_URL`` this is the SQLite file under the state
+    directory, created on first use. Opt-in data revisions (the reference
+    fleet) are never applied here; see ``lanes db upgrade``.
+    """
+    engine = make_engine(settings.catalog_url())
+    try:
+        ensure_schema(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
+
+
+__all__ = [
+    "CatalogDocument",
+    "Change",
+    "ChangeSet",
+    "EventRecord",
+    "ModelInfo",
+    "PoolInfo",
+    "RoutingTable",
+    "WorkflowRoute",
+    "apply_document",
+    "catalog_version",
+    "dump",
+    "export_document",
+    "load_routing",
+    "make_engine",
+    "open_catalog",
+    "read_document",
+    "recent_events",
+    "record_event",
+    "refresh",
+    "set_pool_width",
+    "validate",
+]

@@ -1,0 +1,168 @@
+"""Single-value checks for catalog documents, and the wording of their problems.
+
+Each check returns the value or raises ``ValueError`` with a sentence that
+starts with the offending value; :func:`pydantic_problems` puts the key path
+in front of it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Callable, Iterable
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ValidationError
+
+from lanes.catalog import controllers
+from lanes.errors import InvalidInput
+from lanes.priority import Priority
+
+# Pool names end up in Celery queue names and Redis keys; keep them plain.
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# Model ids are whatever the backend calls them: "Qwen/Qwen2.5-7B", "gpt-4o:latest".
+_MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
+
+
+def show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def known(names: Iterable[str]) -> str:
+    names = sorted(names)
+    if not names:
+        return " (it declares none)"
+    listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    return f" (known: {listed})"
+
+
+def name(value: str) -> str:
+    if not _NAME.fullmatch(value):
+        raise ValueError(
+            f"{show(value)} is not a valid name (1-100 letters, digits, '.', '_' or '-', "
+            "starting with a letter or digit)"
+        )
+    return value
+
+
+def model_name(value: str) -> str:
+    if not _MODEL_NAME.fullmatch(value):
+        raise ValueError(f"{show(value)} is not a valid model id (1-200 characters, no spaces)")
+    return value
+
+
+def env_name(value: str) -> str:
+    if not _ENV_NAME.fullmatch(value):
+        raise ValueError(
+            f"{show(value)} is not an environment variable name (put the key itself in the environment)"
+        )
+    return value
+
+
+def at_least(low: int, what: str) -> Callable[[int], int]:
+    def check(value: int) -> int:
+        if value < low:
+            raise ValueError(f"{value!r} is not {what} >= {low}")
+        return value
+
+    return check
+
+
+def within(low: int, high: int, what: str) -> Callable[[int], int]:
+    def check(value: int) -> int:
+        if not low <= value <= high:
+            raise ValueError(f"{value!r} is not {what} in {low}..{high}")
+        return value
+
+    return check
+
+
+def one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
+    def check(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"{show(value)} is not {what} (known: {', '.join(choices)})")
+        return value
+
+    return check
+
+
+def url(value: str) -> str:
+    try:
+        parts = urlsplit(value)
+        parts.port  # noqa: B018  (raises on a non-numeric port)
+    except ValueError:
+        parts = None
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"{show(value)} is not an http(s) URL with a host")
+    if parts.username or parts.password:
+        raise ValueError(f"{show(value)} holds credentials; name an environment variable in api_key_env instead")
+    if parts.query or parts.fragment:
+        raise ValueError(f"{show(value)} has a query or fragment; give the base URL only")
+    return value
+
+
+def priority(value: Any) -> str:
+    if isinstance(value, str):
+        try:
+            return Priority.parse(value).label
+        except InvalidInput:
+            pass
+    labels = ", ".join(p.label for p in Priority)
+    raise ValueError(f"{show(value)} is not a priority (known: {labels})")
+
+
+def controller(path: str, value: dict[str, Any]) -> list[str]:
+    kind = value.get("kind")
+    if "kind" not in value:
+        return [f"{path}.kind: missing; say which controller (known: {', '.join(controllers.KINDS)})"]
+    if not isinstance(kind, str) or kind not in controllers.KINDS:
+        return [f"{path}.kind: {show(kind)} is not a controller kind (known: {', '.join(controllers.KINDS)})"]
+    params = {k: v for k, v in value.items() if k != "kind"}
+    return [f"{path}.{param}: {message}" for param, message in controllers.problems(params, kind)]
+
+
+def duplicates(section: str, named: list[tuple[int, str]]) -> list[str]:
+    first: dict[str, int] = {}
+    problems = []
+    for index, item_name in named:
+        if item_name in first:
+            first_path = f"{section}[{first[item_name]}]"
+            problems.append(f"{section}[{index}].name: {item_name!r} is already the name of {first_path}")
+        else:
+            first[item_name] = index
+    return problems
+
+
+_TYPE_WORDS = {
+    "int_type": "an integer",
+    "int_parsing": "an integer",
+    "int_from_float": "an integer",
+    "string_type": "a string",
+    "bool_type": "true or false",
+    "bool_parsing": "true or false",
+    "list_type": "a list",
+    "dict_type": "a table",
+    "model_type": "a table",
+    "model_attributes_type": "a table",
+}
+
+
+def pydantic_problems(prefix: str, exc: ValidationError, model: type[BaseModel]) -> list[str]:
+    problems = []
+    for error in exc.errors():
+        loc = error["loc"]
+        path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+        kind = error["type"]
+        value = error.get("input")
+        if kind == "missing":
+            problems.append(f"{path}: missing (required)")
+        elif kind == "extra_forbidden":
+            problems.append(f"{path}: unknown key (known: {', '.join(model.model_fields)})")
+        elif kind in _TYPE_WORDS:
+            problems.append(f"{path}: {show(value)} is not {_TYPE_WORDS[kind]}")
+        elif kind == "value_error":
+            problems.append(f"{path}: {str(error['ctx']['error'])}")
+        else:
+            problems.append(f"{path}: {show(value)}: {error['msg']}")
+    return problems

@@ -1,0 +1,185 @@
+"""Alembic, driven from Lanes: the shipped ``migrations`` package, found with
+importlib.resources so an installed wheel migrates without the repository.
+
+Branches (see docs/CATALOG.md):
+- ``schema``: the tables. ``open_catalog`` and ``lanes db upgrade`` go to its head.
+- ``fleet``: opt-in data revisions holding the reference fleet.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib.resources
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from alembic.util import CommandError
+from sqlalchemy.engine import Engine
+
+from lanes.catalog.engine import database_errors
+from lanes.errors import InvalidInput
+
+SCHEMA_HEAD = "schema@head"
+_MIGRATING = threading.Lock()
+
+
+@contextlib.contextmanager
+def alembic_config(*, url: str | None = None, connection=None) -> Iterator[Config]:
+    """A Config for the shipped migrations; the URL travels as an attribute, not in the ini."""
+    ini = importlib.resources.files("migrations").joinpath("alembic.ini")
+    with importlib.resources.as_file(ini) as path:
+        config = Config(str(path))
+        config.attributes["configure_logging"] = False
+        if url is not None:
+            config.attributes["url"] = url
+        if connection is not None:
+            config.attributes["connection"] = connection
+        yield config
+
+
+@functools.lru_cache(maxsize=1)
+def script_directory() -> ScriptDirectory:
+    """The shipped revisions (read once per process: they cannot change under it)."""
+    with alembic_config() as config:
+        return ScriptDirectory.from_config(config)
+
+
+@dataclass(frozen=True)
+class Revision:
+    revision: str
+    branches: tuple[str, ...]
+    doc: str
+    is_head: bool
+
+
+@dataclass(frozen=True)
+class BranchState:
+    """Where one branch stands in a database: its newest applied revision, if any."""
+
+    branch: str
+    revision: str | None
+    head: str
+
+    @property
+    def at_head(self) -> bool:
+        return self.revision == self.head
+
+
+def current_heads(engine: Engine) -> tuple[str, ...]:
+    with database_errors(engine), engine.connect() as conn:
+        return tuple(MigrationContext.configure(conn).get_current_heads())
+
+
+def applied_revisions(script: ScriptDirectory, heads: tuple[str, ...]) -> list[str]:
+    """Every revision applied under ``heads``, dependencies included, newest first."""
+    return [rev.revision for rev in script.iterate_revisions(heads, "base")] if heads else []
+
+
+def branch_states(engine: Engine) -> list[BranchState]:
+    script = script_directory()
+    applied = applied_revisions(script, current_heads(engine))
+    states = []
+    for head in sorted(script.get_heads()):
+        branch = sorted(script.get_revision(head).branch_labels)[0]
+        in_branch = [rev for rev in applied if branch in script.get_revision(rev).branch_labels]
+        states.append(BranchState(branch, in_branch[0] if in_branch else None, head))
+    return sorted(states, key=lambda state: (state.branch != "schema", state.branch))
+
+
+def all_revisions() -> list[Revision]:
+    script = script_directory()
+    heads = set(script.get_heads())
+    return [_describe(script, rev.revision, heads) for rev in reversed(list(script.walk_revisions()))]
+
+
+def _describe(script: ScriptDirectory, rev: str, heads: set[str]) -> Revision:
+    found = script.get_revision(rev)
+    doc = (found.doc or "").strip().splitlines()[0] if found.doc else ""
+    return Revision(rev, tuple(sorted(found.branch_labels)), doc, rev in heads)
+
+
+def default_targets(engine: Engine) -> list[str]:
+    """What ``lanes db upgrade`` with no revision means: the schema's head, and
+    the head of every opt-in branch the database has already entered."""
+    targets = [SCHEMA_HEAD]
+    for state in branch_states(engine):
+        if state.branch != "schema" and state.revision is not None:
+            targets.append(f"{state.branch}@head")
+    return targets
+
+
+def upgrade(url: str, revision: str, *, progress: Callable[[str], None] | None = None) -> None:
+    _run(url, lambda config: command.upgrade(config, revision), progress)
+
+
+def downgrade(url: str, revision: str, *, progress: Callable[[str], None] | None = None) -> None:
+    _run(url, lambda config: command.downgrade(config, revision), progress)
+
+
+def _run(url: str, action, progress) -> None:
+    with _MIGRATING, alembic_config(url=url) as config, _echo_progress(progress), database_errors(url):
+        try:
+            action(config)
+        except CommandError as exc:
+            raise InvalidInput(f"migration refused: {exc}") from None
+
+
+def ensure_schema(engine: Engine) -> None:
+    """Bring the tables to the schema head; a no-op (one query) when already there."""
+    script = script_directory()
+    head = script.get_revision(SCHEMA_HEAD).revision
+    if head in applied_revisions(script, current_heads(engine)):
+        return
+    # Alembic keeps its migration context in module globals: one migration
+    # per process at a time.
+    with _MIGRATING:
+        _upgrade_schema(engine, script, head)
+
+
+def _upgrade_schema(engine: Engine, script: ScriptDirectory, head: str) -> None:
+    if head in applied_revisions(script, current_heads(engine)):
+        return
+    # A second process doing the same waits on the lock env.py takes and then
+    # finds the schema at head.
+    with database_errors(engine):
+        with engine.begin() as conn, alembic_config(connection=conn) as config:
+            command.upgrade(config, SCHEMA_HEAD)
+
+
+@contextlib.contextmanager
+def _echo_progress(progress: Callable[[str], None] | None) -> Iterator[None]:
+    """Show alembic's "Running upgrade a -> b" lines through ``progress``."""
+    if progress is None:
+        yield
+        return
+    logger = logging.getLogger("alembic.runtime.migration")
+
+    class Echo(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith("Running"):
+                # "Running upgrade a -> b, <first line of the revision's doc>"
+                progress(message.splitlines()[0])
+
+    handler = Echo(level=logging.INFO)
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    try:
+        yield
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+def table_names(engine: Engine) -> list[str]:
+    with database_errors(engine), engine.connect() as conn:
+        return sorted(sa.inspect(conn).get_table_names())

@@ -1,0 +1,166 @@
+"""``lanes catalog``: apply, check, show and export the routing catalog."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
+
+FORMAT = click.Choice(["toml", "yaml"])
+
+
+@click.group(name="catalog")
+def command() -> None:
+    """Apply, show and export the routing catalog (pools, models, workflows, services)."""
+
+
+@command.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--dry-run", is_flag=True, help="Show the changes without writing them.")
+@click.option("--prune", is_flag=True, help="Also delete what the file no longer names.")
+@click.option("--format", "format_", type=FORMAT, help="File format (default: from the suffix).")
+@json_option
+@pass_settings
+def apply(settings, file: Path, dry_run: bool, prune: bool, format_: str | None, as_json: bool) -> None:
+    """Make the catalog say what FILE (TOML or YAML) says.
+
+    Everything is validated first; if anything is wrong, each problem is printed
+    with its key path and nothing is written (exit code 2).
+    """
+    from lanes.catalog import apply_document, open_catalog, read_document, validate
+
+    document = read_document(file, format=format_)
+    # Before touching the database at all, not even to create it.
+    validate(document)
+    engine = open_catalog(settings)
+    try:
+        changes = apply_document(engine, document, dry_run=dry_run, prune=prune)
+    finally:
+        engine.dispose()
+    if as_json:
+        emit_json(changes.to_dict())
+        return
+    for line in changes.lines():
+        click.echo(line)
+    if changes.empty:
+        click.echo(f"no changes; catalog version {changes.version}")
+    elif dry_run:
+        click.echo(f"dry run: {len(changes.changes)} change(s) not written")
+    else:
+        click.echo(f"applied {len(changes.changes)} change(s); catalog version {changes.version}")
+
+
+@command.command()
+@click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--format", "format_", type=FORMAT, help="File format (default: from the suffix).")
+def check(file: Path, format_: str | None) -> None:
+    """Validate FILE without a database."""
+    from lanes.catalog import read_document, validate
+
+    catalog = validate(read_document(file, format=format_))
+    click.echo(
+        f"{file}: valid ({len(catalog.pools)} pools, {len(catalog.models)} models, "
+        f"{len(catalog.workflows)} workflows, {len(catalog.services)} services)"
+    )
+
+
+@command.command()
+@json_option
+@pass_settings
+def show(settings, as_json: bool) -> None:
+    """Print the catalog: pools, models, workflows and services."""
+    from lanes.catalog import load_routing, open_catalog
+
+    engine = open_catalog(settings)
+    try:
+        table = load_routing(engine)
+    finally:
+        engine.dispose()
+    if as_json:
+        emit_json(_as_json(table))
+        return
+    # Five narrow columns per table, so names survive an 80-column terminal;
+    # --json has every field.
+    emit_table(
+        f"pools (catalog version {table.version})",
+        ["id", "name", "width (floor..ceiling)", "controller", "previously"],
+        [
+            (p.id, p.name + ("" if p.enabled else " (disabled)"), f"{p.width} ({p.floor}..{p.ceiling})",
+             _controller(p.controller), ", ".join(p.previous_names))
+            for p in table.pools.values()
+        ],
+    )
+    emit_table(
+        "models",
+        ["name", "kind", "pool", "service", "timeout"],
+        [
+            (m.name, m.kind, m.pool.name if m.pool else "(hosted)", m.service, f"{m.timeout_seconds:g}s")
+            for m in table.models.values()
+        ],
+    )
+    emit_table(
+        "workflows (fleet = the primary's pool)",
+        ["name", "priority", "reserve", "deadline", "candidates, primary first"],
+        [
+            (w.name, w.priority.label, f"{w.reserve_seconds:g}s",
+             f"{w.default_deadline_seconds:g}s" if w.default_deadline_seconds is not None else "-",
+             ", ".join(m.name for m in w.candidates))
+            for w in table.workflows.values()
+        ],
+    )
+    emit_table("services", ["name", "limit"], sorted(table.services.items()))
+
+
+@command.command()
+@click.option("--format", "format_", type=FORMAT, default="toml", show_default=True)
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="Write here, not to stdout.")
+@pass_settings
+def export(settings, format_: str, output: Path | None) -> None:
+    """Print the catalog as a file that `lanes catalog apply` accepts (re-applying it changes nothing)."""
+    from lanes.catalog import dump, export_document, open_catalog
+
+    engine = open_catalog(settings)
+    try:
+        text = dump(export_document(engine), format_)
+    finally:
+        engine.dispose()
+    if output is None:
+        sys.stdout.write(text)
+    else:
+        output.write_text(text, encoding="utf-8")
+        click.echo(f"wrote {output}", err=True)
+
+
+def _controller(controller: dict) -> str:
+    params = ", ".join(f"{k}={v}" for k, v in controller.items() if k != "kind")
+    return controller["kind"] + (f" ({params})" if params else "")
+
+
+def _as_json(table) -> dict:
+    def pool(p):
+        return None if p is None else p.name
+
+    return {
+        "version": table.version,
+        "pools": [
+            {"id": p.id, "name": p.name, "width": p.width, "floor": p.floor, "ceiling": p.ceiling,
+             "controller": p.controller, "metrics_url": p.metrics_url, "enabled": p.enabled,
+             "previous_names": list(p.previous_names)}
+            for p in table.pools.values()
+        ],
+        "models": [
+            {"name": m.name, "base_url": m.base_url, "kind": m.kind, "pool": pool(m.pool), "service": m.service,
+             "timeout_seconds": m.timeout_seconds, "api_key_env": m.api_key_env}
+            for m in table.models.values()
+        ],
+        "workflows": [
+            {"name": w.name, "priority": w.priority.label, "reserve_seconds": w.reserve_seconds,
+             "default_deadline_seconds": w.default_deadline_seconds, "fleet": w.fleet,
+             "candidates": [m.name for m in w.candidates]}
+            for w in table.workflows.values()
+        ],
+        "services": [{"name": name, "limit": limit} for name, limit in table.services.items()],
+    }

@@ -1,0 +1,99 @@
+"""Tools for data revisions (imported by files in ``versions/``).
+
+A data revision that changes existing rows first saves them with
+:func:`save_backup`; its downgrade puts them back with :func:`take_backup`,
+so ``down(up(state)) == state`` row for row, ids included, even when an
+operator changed those rows after the fleet was first inserted.
+
+Revisions name their columns here explicitly (``sa.table``) instead of
+importing the SQLModel classes: a revision must keep meaning what it meant
+when it was written, whatever the models look like later.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+
+import sqlalchemy as sa
+
+pools = sa.table(
+    "pools",
+    sa.column("id", sa.Integer),
+    sa.column("name", sa.String),
+    sa.column("width", sa.Integer),
+    sa.column("floor", sa.Integer),
+    sa.column("ceiling", sa.Integer),
+    sa.column("controller_kind", sa.String),
+    sa.column("controller_params", sa.JSON),
+    sa.column("metrics_url", sa.String),
+    sa.column("enabled", sa.Boolean),
+    sa.column("previous_names", sa.JSON),
+)
+models = sa.table(
+    "models",
+    sa.column("id", sa.Integer),
+    sa.column("name", sa.String),
+    sa.column("base_url", sa.String),
+    sa.column("kind", sa.String),
+    sa.column("pool_id", sa.Integer),
+    sa.column("service", sa.String),
+    sa.column("timeout_ms", sa.Integer),
+    sa.column("api_key_env", sa.String),
+)
+workflows = sa.table(
+    "workflows",
+    sa.column("id", sa.Integer),
+    sa.column("name", sa.String),
+    sa.column("priority", sa.String),
+    sa.column("reserve_ms", sa.Integer),
+    sa.column("deadline_ms", sa.Integer),
+)
+candidates = sa.table(
+    "workflow_candidates",
+    sa.column("workflow_id", sa.Integer),
+    sa.column("position", sa.Integer),
+    sa.column("model_id", sa.Integer),
+)
+services = sa.table(
+    "services",
+    sa.column("id", sa.Integer),
+    sa.column("name", sa.String),
+    sa.column("max_concurrency", sa.Integer),
+)
+backups = sa.table("revision_backups", sa.column("revision", sa.String), sa.column("payload", sa.JSON))
+catalog_version = sa.table(
+    "catalog_version",
+    sa.column("id", sa.Integer),
+    sa.column("version", sa.BigInteger),
+    sa.column("changed_at", sa.DateTime(timezone=True)),
+)
+
+
+def bump_version(conn) -> None:
+    """Tell running processes the catalog changed (data revisions change it too)."""
+    conn.execute(
+        catalog_version.update()
+        .where(catalog_version.c.id == 1)
+        .values(version=catalog_version.c.version + 1, changed_at=datetime.now(timezone.utc))
+    )
+
+
+def rows(conn, table, *where) -> list[dict]:
+    query = sa.select(table)
+    for clause in where:
+        query = query.where(clause)
+    return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def ids_by_name(conn, table) -> dict[str, int]:
+    return {name: id_ for id_, name in conn.execute(sa.select(table.c.id, table.c.name))}
+
+
+def save_backup(conn, revision: str, payload: dict) -> None:
+    conn.execute(backups.insert().values(revision=revision, payload=payload))
+
+
+def take_backup(conn, revision: str) -> dict:
+    payload = conn.execute(sa.select(backups.c.payload).where(backups.c.revision == revision)).scalar_one()
+    conn.execute(backups.delete().where(backups.c.revision == revision))
+    return payload
