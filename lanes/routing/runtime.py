@@ -28,6 +28,29 @@ def lane_key(pool: PoolInfo) -> str:
     return f"pool:{pool.id}"
 
 
+def pool_lane(client: redis.Redis, settings: Settings, pool: PoolInfo, *, width=None) -> Lane:
+    """The lane of ``pool``, as every process of this deployment sees it."""
+    return Lane(
+        client,
+        lane_key(pool),
+        width=width if width is not None else pool.width,
+        prefix=settings.key_prefix,
+        lease_seconds=settings.lease_seconds,
+        renew_seconds=settings.renew_interval,
+    )
+
+
+def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable) -> list[str]:
+    """Create the lanes of pools that have none yet, with no quiet period.
+
+    Only for a deployment that knows nobody holds a slot (a new pool, a new
+    Redis): a lane whose state vanished under live holders must instead come
+    back through its quiet period, which is what happens without this call.
+    Returns the names of the pools whose lanes were created.
+    """
+    return [pool.name for pool in table.pools.values() if pool_lane(client, settings, pool).provision()]
+
+
 class Runtime:
     def __init__(
         self,
@@ -100,13 +123,9 @@ class Runtime:
             with self._lock:
                 lane = self._lanes.get(pool.id)
                 if lane is None:
-                    lane = Lane(
-                        self.client,
-                        lane_key(pool),
+                    lane = pool_lane(
+                        self.client, self.settings, pool,
                         width=lambda pool_id=pool.id: self._pool_width(pool_id),
-                        prefix=self.settings.key_prefix,
-                        lease_seconds=self.settings.lease_seconds,
-                        renew_seconds=self.settings.renew_interval,
                     )
                     self._lanes[pool.id] = lane
         return lane

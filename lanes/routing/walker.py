@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from lanes.errors import (
+    AcquireCancelled,
     AcquireTimeout,
     BackendError,
     CandidatesExhausted,
@@ -39,6 +40,14 @@ if TYPE_CHECKING:
 
 class RequeueRequested(LaneSignal):
     """A background wait reached the cap below the visibility timeout: requeue the task."""
+
+
+# How a trace ends when the walk ends in an exception.
+OUTCOMES = {
+    CapacityWaitTimeout: "capacity_timeout",
+    RequeueRequested: "requeued",
+    AcquireCancelled: "cancelled",
+}
 
 
 @dataclass
@@ -89,7 +98,11 @@ class Walker:
 
         last_index = len(route.candidates) - 1
         for index, model in enumerate(route.candidates):
-            outcome = self._try(route, model, request, index == last_index, admission_deadline, cancel, trace)
+            try:
+                outcome = self._try(route, model, request, index == last_index, admission_deadline, cancel, trace)
+            except BaseException as exc:
+                trace.outcome = OUTCOMES.get(type(exc), "failed")
+                raise
             if outcome is not None:
                 trace.outcome = "served"
                 trace.served_by = model.name
@@ -144,10 +157,13 @@ class Walker:
                         f"within {waited:.1f}s; retry later"
                     ) from None
                 return None
+            admitted_at = rt.clock.now().timestamp()
             rt.events.record(
                 "lane_wait", pool=pool_name, workflow=route.name,
                 priority=request.priority.label, wait_ms=round(permit.waited_seconds * 1000, 2),
             )
+        else:
+            admitted_at = rt.clock.now().timestamp()
 
         timeout = model.timeout_seconds
         if request.deadline is not None:
@@ -176,6 +192,7 @@ class Walker:
         rt.breakers.record(model.name, ok=True)
         trace.step(
             model.name, pool_name, "served",
+            admitted_at=admitted_at,
             wait_ms=_ms(permit.waited_seconds) if permit else None,
             call_ms=_ms(answer.seconds),
             ttft_ms=_ms(answer.ttft_seconds) if answer.ttft_seconds is not None else None,

@@ -1,0 +1,3 @@
+from lanes.cli import main
+
+main(prog_name="lanes")

@@ -1,0 +1,118 @@
+"""``lanes pools``: every pool's live lane, and resizing one."""
+
+from __future__ import annotations
+
+import click
+
+from lanes.catalog import load_routing, open_catalog
+from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
+from lanes.errors import InvalidInput
+from lanes.priority import Priority
+from lanes.redis_conn import connect, eviction_warning, resolve_redis_url
+
+
+def _lane(settings, client, pool):
+    from lanes.routing.runtime import pool_lane
+
+    return pool_lane(client, settings, pool)
+
+
+def _ms(seconds) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 1)
+
+
+@click.group(name="pools", invoke_without_command=True)
+@json_option
+@click.pass_context
+def command(ctx, as_json) -> None:
+    """Live lane statistics of every pool (width, in flight, queued, holds, waits)."""
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(show, as_json=as_json)
+
+
+@command.command()
+@json_option
+@pass_settings
+def show(settings, as_json) -> None:
+    """Show every pool's lane as all workers see it."""
+    table = load_routing(open_catalog(settings))
+    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    try:
+        warning = eviction_warning(client)
+        rows = []
+        for pool in sorted(table.pools.values(), key=lambda p: p.name):
+            stats = _lane(settings, client, pool).stats()
+            rows.append({
+                "pool": pool.name,
+                "configured_width": pool.width,
+                "width": stats.width if stats.exists else pool.width,
+                "in_flight": stats.in_flight,
+                "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
+                "mean_hold_ms": _ms(stats.mean_hold_seconds),
+                "wait_p50_ms": _ms(stats.wait_p50_seconds),
+                "wait_p95_ms": _ms(stats.wait_p95_seconds),
+                "grants": stats.grants,
+                "timeouts": stats.timeouts,
+                "cancels": stats.cancels,
+                "expired": stats.expired,
+            })
+    finally:
+        client.close()
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
+    if as_json:
+        emit_json(rows)
+        return
+    emit_table(
+        "lanes",
+        ["pool", "width", "in flight", "queued i/u/b", "mean hold ms", "wait p50 ms", "wait p95 ms", "grants", "timeouts"],
+        [
+            [r["pool"], r["width"], r["in_flight"],
+             "/".join(str(r["queued"][p.label]) for p in Priority),
+             r["mean_hold_ms"], r["wait_p50_ms"], r["wait_p95_ms"], r["grants"], r["timeouts"]]
+            for r in rows
+        ],
+    )
+
+
+@command.command(name="set-width")
+@click.argument("name")
+@click.argument("width", type=int)
+@pass_settings
+def set_width(settings, name, width) -> None:
+    """Set pool NAME's width to WIDTH: in the catalog, and on its live lane at once.
+
+    Holders are never revoked on a shrink (they drain); on a growth waiters
+    are granted immediately.
+    """
+    from lanes.catalog import set_pool_width
+
+    if width < 1:
+        raise InvalidInput(f"width {width} is not a width >= 1")
+    engine = open_catalog(settings)
+    pool = set_pool_width(engine, name, width)
+    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    try:
+        _lane(settings, client, pool).resize(width)
+    finally:
+        client.close()
+    click.echo(f"pool {name}: width {width}")
+
+
+@command.command()
+@pass_settings
+def provision(settings) -> None:
+    """Create missing lanes at once, skipping their quiet period.
+
+    Only when no worker can hold a slot on them (a new deployment or a new
+    Redis). After a Redis restart under load, let the quiet period run instead.
+    """
+    from lanes.routing.runtime import provision_lanes
+
+    table = load_routing(open_catalog(settings))
+    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    try:
+        created = provision_lanes(client, settings, table)
+    finally:
+        client.close()
+    click.echo(f"provisioned {len(created)} lane(s){': ' + ', '.join(sorted(created)) if created else ''}")

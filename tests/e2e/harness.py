@@ -1,0 +1,126 @@
+"""A whole Lanes deployment on one machine, for end-to-end tests and benchmarks.
+
+Real parts only: a Redis server, a SQLite catalog, the HTTP simulator, and
+one supervised Celery worker process per fleet, talking over sockets.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import redis
+
+from lanes.catalog import apply_document, load_routing, open_catalog
+from lanes.routing.client import LanesClient
+from lanes.routing.runtime import pool_lane, provision_lanes
+from lanes.settings import Settings
+from lanes.sim import SimModel, Simulator
+
+
+@dataclass
+class Deployment:
+    settings: Settings
+    redis_url: str
+    sim: Simulator
+    client: LanesClient
+    workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_") or k.startswith("LANES_TEST_")}
+        env.update(
+            LANES_STATE_DIR=str(self.settings.state_dir),
+            LANES_REDIS_URL=self.redis_url,
+            LANES_DATABASE_URL=self.settings.catalog_url(),
+            LANES_LEASE_SECONDS=str(self.settings.lease_seconds),
+        )
+        return env
+
+    def client_events(self, **filters):
+        from lanes.routing.events import EventLog
+
+        log = EventLog(redis.Redis.from_url(self.redis_url), prefix=self.settings.key_prefix)
+        deadline = time.monotonic() + 2  # events are flushed by the workers every 100 ms
+        while True:
+            found = log.list(**filters, limit=1000)
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(0.05)
+
+    def table(self):
+        return load_routing(self.client.engine)
+
+    def lane(self, pool_name: str) -> Lane:
+        """The same lane the workers use for this pool."""
+        pool = self.table().pools[pool_name]
+        return pool_lane(redis.Redis.from_url(self.redis_url), self.settings, pool)
+
+    def start_worker(self, fleet: str) -> subprocess.Popen:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workers.supervisor", "--fleet", fleet, "--poll-seconds", "0.5"],
+            env=self.env,
+        )
+        self.workers[fleet] = proc
+        return proc
+
+    def wait_for_workers(self, fleets, timeout: float = 60.0) -> None:
+        wanted = set(fleets)
+        deadline = time.monotonic() + timeout
+        seen: set[str] = set()
+        while time.monotonic() < deadline:
+            replies = self.client.celery.control.ping(timeout=0.5) or []
+            seen = {name.split("@", 1)[0] for reply in replies for name in reply}
+            if wanted <= seen:
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"workers did not answer within {timeout}s: missing {sorted(wanted - seen)}")
+
+    def stop_worker(self, fleet: str, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
+        proc = self.workers.pop(fleet)
+        proc.send_signal(sig)
+        try:
+            return proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+    def close(self) -> None:
+        for proc in self.workers.values():
+            proc.send_signal(signal.SIGTERM)
+        for fleet in list(self.workers):
+            self.stop_worker(fleet)
+        self.client.close()
+        self.sim.stop()
+
+
+def deploy(state_dir: Path, redis_url: str, document: dict, sim_models: list[SimModel], fleets,
+           *, lease_seconds: float = 10.0) -> Deployment:
+    """Apply ``document`` (with ``{sim}`` in base URLs), start the simulator and the fleets' workers."""
+    sim = Simulator(sim_models, host="127.0.0.1", port=0)
+    sim.start()
+    for model in document.get("models", []):
+        model["base_url"] = model["base_url"].replace("{sim}", sim.base_url)
+    settings = Settings(
+        state_dir=state_dir,
+        redis_url=redis_url,
+        database_url=f"sqlite:///{state_dir / 'catalog.db'}",
+        lease_seconds=lease_seconds,
+    )
+    engine = open_catalog(settings)
+    apply_document(engine, document)
+    provision_lanes(redis.Redis.from_url(redis_url), settings, load_routing(engine))
+    deployment = Deployment(settings, redis_url, sim, LanesClient(settings, redis_url=redis_url))
+    try:
+        for fleet in fleets:
+            deployment.start_worker(fleet)
+        deployment.wait_for_workers(fleets)
+    except BaseException:
+        deployment.close()
+        raise
+    return deployment
