@@ -20,6 +20,7 @@ from lanes.errors import (
     RoutingError,
     ServiceUnavailable,
 )
+from lanes.lane import AsyncLane, AsyncPermit, CancelEvent, Generation, Lane, LaneStats, Permit
 from lanes.priority import Priority
 from lanes.settings import Settings, load_settings
 
@@ -28,16 +29,23 @@ __version__ = "0.1.0"
 __all__ = [
     "AcquireCancelled",
     "AcquireTimeout",
+    "AsyncLane",
+    "AsyncPermit",
     "BackendError",
     "BackendOverloaded",
+    "CancelEvent",
     "CandidatesExhausted",
     "CapacityWaitTimeout",
     "CatalogInvalid",
     "DatabaseUnavailable",
+    "Generation",
     "InvalidInput",
+    "Lane",
     "LaneSignal",
+    "LaneStats",
     "LanesError",
     "LeaseLost",
+    "Permit",
     "Priority",
     "RedisUnavailable",
     "RoutingError",

@@ -1,0 +1,297 @@
+"""Benchmark of the lane (issue 3): every target printed as a ratio against a
+baseline measured in the same run.
+
+    python bench/bench_lane.py            # full run (a few minutes)
+    python bench/bench_lane.py --smoke    # quick pass (< 60 s), exits 0
+
+Redis: LANES_BENCH_REDIS_URL, else LANES_TEST_REDIS_URL, else an embedded
+redis-server started in a temporary folder. Keys use a private prefix and are
+deleted afterwards; nothing else in the database is touched.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import lane_workers  # noqa: E402
+
+from lanes import Lane, Priority  # noqa: E402
+from lanes.lane.hub import close_hubs  # noqa: E402
+from lanes.lane.keys import LaneKeys  # noqa: E402
+
+I = Priority.INTERACTIVE
+
+
+def pct(values, q):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+
+
+def line(name, value, target=None, ok=None):
+    mark = "" if ok is None else ("  PASS" if ok else "  MISS")
+    print(f"  {name:<58} {value}{'' if target is None else f'   (target {target})'}{mark}", flush=True)
+
+
+class Bench:
+    def __init__(self, url: str, smoke: bool) -> None:
+        self.url = url
+        self.smoke = smoke
+        self.prefix = f"lanes:bench:{uuid.uuid4().hex[:8]}"
+        self.client = redis.Redis.from_url(url)
+        self.trivial = self.client.register_script(lane_workers.TRIVIAL)
+        self.keys_used: list[str] = []
+
+    def lane(self, key: str, width: int, **kwargs) -> Lane:
+        lane = Lane(self.client, key, width=width, prefix=self.prefix, **kwargs)
+        lane.provision()
+        self.keys_used += lane.keys.all()
+        return lane
+
+    def cleanup(self) -> None:
+        close_hubs(self.client)
+        for start in range(0, len(self.keys_used), 100):
+            self.client.delete(*self.keys_used[start:start + 100])
+        self.client.delete("lanes:bench:trivial")
+
+    def bare_rt(self, n=300) -> float:
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            self.trivial(keys=["lanes:bench:trivial"], args=[])
+            samples.append(time.perf_counter() - t)
+        return statistics.median(samples)
+
+    # --- 1. uncontended ------------------------------------------------------------------
+
+    def uncontended(self) -> None:
+        lane = self.lane("uncontended", 1000)
+        iterations = 200 if self.smoke else 2000
+        ratios, p99s = [], []
+        for _ in range(5):
+            ours, bare = [], []
+            for _ in range(iterations):  # interleaved, so both see the same machine
+                t = time.perf_counter()
+                lane.acquire(I, 1.0).release()
+                ours.append(time.perf_counter() - t)
+                t = time.perf_counter()
+                lane_workers.bare_pair(self.client, self.trivial)
+                bare.append(time.perf_counter() - t)
+            ratios.append(pct(ours, 50) / pct(bare, 50))
+            p99s.append((pct(ours, 99), pct(bare, 99), pct(ours, 50), pct(bare, 50)))
+        ratio = statistics.median(ratios)
+        ours99, bare99, ours50, bare50 = p99s[ratios.index(ratio)]
+        print("uncontended acquire+release vs two bare EVALSHA round trips (median of 5 runs)")
+        line("p50 acquire+release / p50 two bare EVALSHA", f"{ratio:.2f}x ({ours50*1e6:.0f} us vs {bare50*1e6:.0f} us)",
+             "<= 1.5x", ratio <= 1.5)
+        line("p99 acquire+release / p99 two bare EVALSHA", f"{ours99/bare99:.2f}x ({ours99*1e6:.0f} us vs {bare99*1e6:.0f} us)")
+
+    # --- 2. handoff -------------------------------------------------------------------------
+
+    def handoff(self) -> None:
+        lane = self.lane("handoff", 1)
+        rounds = 50 if self.smoke else 500
+        latencies = []
+        for _ in range(rounds):
+            holder = lane.acquire(I, 1.0)
+            got = {}
+            ready = threading.Event()
+
+            def wait():
+                ready.set()
+                permit = lane.acquire(I, 5.0)
+                got["t"] = time.perf_counter()
+                got["p"] = permit
+
+            thread = threading.Thread(target=wait)
+            thread.start()
+            ready.wait()
+            while lane.client.zcard(lane.keys.all()[3]) < 1:  # until it is queued
+                time.sleep(0.0002)
+            t = time.perf_counter()
+            holder.release()
+            thread.join()
+            latencies.append(got["t"] - t)
+            got["p"].release()
+        rt = self.bare_rt()
+        p50, p99 = pct(latencies, 50), pct(latencies, 99)
+        print("handoff latency: release called -> the waiter running (waiter in another thread)")
+        line("p50 handoff in bare EVALSHA round trips", f"{p50/rt:.2f} RT ({p50*1e6:.0f} us; RT {rt*1e6:.0f} us)",
+             "<= 3 RT", p50 / rt <= 3)
+        line("p99 handoff", f"{p99/rt:.2f} RT ({p99*1e6:.0f} us)")
+
+    # --- 3. throughput ------------------------------------------------------------------------
+
+    def throughput(self) -> None:
+        seconds = 1.0 if self.smoke else 4.0
+        ctx = multiprocessing.get_context("spawn")
+        print(f"aggregate acquire+release pairs/s vs the same processes doing two bare round trips ({seconds:.0f} s each)")
+        self.lane("throughput", 100_000)
+        for procs in (1, 4, 8):
+            rates = {}
+            for mode in ("bare", "lane"):
+                queue = ctx.Queue()
+                start_at = time.time() + (1.5 if procs == 1 else 3.0)
+                workers = [ctx.Process(target=lane_workers.throughput,
+                                       args=(self.url, self.prefix, "throughput", mode, seconds, start_at, queue))
+                           for _ in range(procs)]
+                for w in workers:
+                    w.start()
+                rates[mode] = sum(queue.get(timeout=120) for _ in workers) / seconds
+                for w in workers:
+                    w.join()
+            ratio = rates["lane"] / rates["bare"]
+            line(f"{procs} process(es): {rates['lane']:.0f} pairs/s vs {rates['bare']:.0f} bare pairs/s",
+                 f"{ratio:.2f}x", ">= 0.75x", ratio >= 0.75)
+
+    # --- 4. deep queue --------------------------------------------------------------------------
+
+    def deep_queue(self) -> None:
+        deep = 10_000 if self.smoke else 100_000
+        iterations = 200 if self.smoke else 1000
+        print(f"cost with {deep:,} queued waiters (synthetic entries) vs 10")
+        results = {}
+        for depth in (10, deep):
+            lane = self.lane(f"queue{depth}", 1)
+            keys = lane.keys.all()
+            holder = lane.acquire(I, 1.0)
+            self._fill_queue(lane, depth)
+            before = self._memory(keys[3:6])
+            enqueue_leave, handoff = [], []
+            for i in range(iterations):
+                t = time.perf_counter()  # a waiter joins (tail, O(log n)) and times out
+                lane._acquire_call(lane._hub, f"probe{i}", I, 60_000, try_only=False)
+                lane._script("leave", [f"probe{i}", "timeouts", lane.lease_ms])
+                enqueue_leave.append(time.perf_counter() - t)
+                t = time.perf_counter()  # a release hands the slot to the head waiter
+                lane.release(holder)
+                handoff.append(time.perf_counter() - t)
+                # Put things back outside the timing: the synthetic head returns
+                # the slot to us and rejoins at the tail.
+                head = self.client.zrange(keys[1], 0, -1)[0].decode()
+                info = self.client.hget(keys[2], head).decode().split(":")
+                lane._script("release", [head, info[0], info[1], lane.lease_ms])
+                self._fill_queue(lane, depth)
+                holder = lane.acquire(I, 5.0) if lane.stats().in_flight == 0 else holder
+            results[depth] = (pct(enqueue_leave, 50), pct(handoff, 50), before / depth)
+            lane.release(holder)
+        (e10, h10, _), (ed, hd, mem) = results[10], results[deep]
+        line(f"p50 enqueue+leave at {deep:,} / at 10", f"{ed/e10:.2f}x ({ed*1e6:.0f} vs {e10*1e6:.0f} us)",
+             "<= 1.5", ed / e10 <= 1.5)
+        line(f"p50 release with handoff at {deep:,} / at 10", f"{hd/h10:.2f}x ({hd*1e6:.0f} vs {h10*1e6:.0f} us)",
+             "<= 1.5", hd / h10 <= 1.5)
+        line("Redis memory per queued waiter", f"{mem:.0f} bytes")
+
+    def _fill_queue(self, lane, depth) -> None:
+        keys = lane.keys.all()
+        have = self.client.zcard(keys[3])
+        if have >= depth:
+            return
+        now_ms = int(time.time() * 1000)
+        pipe = self.client.pipeline(transaction=False)
+        seq0 = self.client.hincrby(keys[0], "seq", depth - have)
+        for n in range(have, depth):
+            wid = f"synthetic{uuid.uuid4().hex[:10]}"
+            # Background class, far deadlines, notify 0: a handoff to it is a normal grant.
+            pipe.zadd(keys[3], {wid: 2 * 2**44 + seq0 - depth + n + 1})
+            pipe.zadd(keys[4], {wid: now_ms + 3_600_000})
+            pipe.hset(keys[5], wid, f"2:{now_ms}:-1:0:{self.prefix}:wake:none")
+            if n % 5000 == 4999:
+                pipe.execute()
+        pipe.execute()
+
+    def _memory(self, keys) -> int:
+        return sum(self.client.memory_usage(k, samples=0) or 0 for k in keys)
+
+    # --- 5. width 60,000 ------------------------------------------------------------------------------
+
+    def wide(self) -> None:
+        total = 4_000 if self.smoke else 60_000
+        procs = 2 if self.smoke else 6
+        lease = 1.5 if self.smoke else 6.0
+        renew = lease / 3
+        keep = lease * 3
+        ctx = multiprocessing.get_context("spawn")
+        small = self.lane("wide-small", 20)
+        wide = self.lane("wide", total + 10, lease_seconds=lease, renew_seconds=renew)
+        print(f"width {total:,}: {procs} processes keep {total:,} holders alive for three leases ({lease:.0f} s lease)")
+        ready, queue = ctx.Queue(), ctx.Queue()
+        workers = [ctx.Process(target=lane_workers.hold_many,
+                               args=(self.url, self.prefix, "wide", total // procs, lease, renew, keep, ready, queue))
+                   for _ in range(procs)]
+        for w in workers:
+            w.start()
+        held = sum(ready.get(timeout=300) for _ in workers)
+        smallholders = [small.acquire(I, 1.0) for _ in range(10)]
+        iterations = 200 if self.smoke else 2000
+        samples = {"small": [], "wide": []}
+        for _ in range(iterations):
+            for name, lane in (("small", small), ("wide", wide)):
+                t = time.perf_counter()
+                lane.acquire(I, 1.0).release()
+                samples[name].append(time.perf_counter() - t)
+        mid = wide.stats()
+        keys = wide.keys.all()
+        mem = self._memory(keys[1:3]) / max(1, mid.in_flight)
+        lost = sum(queue.get(timeout=300) for _ in workers)
+        end = wide.stats()
+        for w in workers:
+            w.join()
+        for permit in smallholders:
+            permit.release()
+        ok = held == total and lost == 0 and end.expired == 0 and end.in_flight == total
+        line("holders alive after three lease periods", f"{end.in_flight:,} of {held:,}; lost {lost}, expired {end.expired}",
+             f"{total:,}, none lost", ok)
+        ratio = pct(samples["wide"], 50) / pct(samples["small"], 50)
+        line(f"p50 acquire+release at {total:,} holders / at 10", f"{ratio:.2f}x "
+             f"({pct(samples['wide'], 50)*1e6:.0f} vs {pct(samples['small'], 50)*1e6:.0f} us)", "<= 1.5x", ratio <= 1.5)
+        line("Redis memory per holder", f"{mem:.0f} bytes")
+
+
+def redis_url() -> tuple[str, object]:
+    url = os.environ.get("LANES_BENCH_REDIS_URL") or os.environ.get("LANES_TEST_REDIS_URL")
+    if url:
+        return url, None
+    from lanes.embedded import EmbeddedRedis
+
+    server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="lanes-bench-")))
+    return server.ensure(), server
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--smoke", action="store_true", help="a quick pass with small sizes (< 60 s)")
+    args = parser.parse_args(argv)
+    url, server = redis_url()
+    bench = Bench(url, args.smoke)
+    info = bench.client.info("server")
+    print(f"lane benchmark{' (smoke)' if args.smoke else ''}: Redis {info['redis_version']} at "
+          f"{url.split('@')[-1]}, {os.cpu_count()} CPUs, python {sys.version.split()[0]}")
+    started = time.monotonic()
+    try:
+        bench.uncontended()
+        bench.handoff()
+        bench.throughput()
+        bench.deep_queue()
+        bench.wide()
+    finally:
+        bench.cleanup()
+        if server is not None:
+            server.stop()
+    print(f"done in {time.monotonic() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

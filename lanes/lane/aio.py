@@ -1,0 +1,336 @@
+"""The asyncio lane client: :class:`AsyncLane`, and its per-client hub.
+
+Same method names and semantics as :class:`lanes.lane.Lane` (the context
+manager form is ``async with await lane.acquire(...) as permit``); the hub's
+listener and renewer are tasks on the client's event loop instead of threads.
+Cancelling the task that awaits ``acquire`` leaves the queue (a slot granted
+in the same instant goes back) and re-raises ``CancelledError``; an
+``asyncio.Event`` passed as ``cancel`` ends the wait with AcquireCancelled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+
+import redis
+
+from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
+from lanes.lane._lua import scripts_for
+from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
+from lanes.lane.book import Book, Waiter
+from lanes.lane.keys import wake_channel
+from lanes.lane.model import AsyncPermit, Generation, LaneStats
+from lanes.priority import Priority
+
+log = logging.getLogger("lanes.lane")
+
+_hubs: "weakref.WeakKeyDictionary[object, dict[str, AsyncHub]]" = weakref.WeakKeyDictionary()
+
+
+class AsyncHub:
+    """The asyncio twin of :class:`lanes.lane.hub.SyncHub` (see its docstring)."""
+
+    def __init__(self, client, prefix: str) -> None:
+        self.client = client
+        self.token = new_token()
+        self.channel = wake_channel(prefix, self.token)
+        self.book = Book()
+        self._changed = asyncio.Event()
+        self._start_lock = asyncio.Lock()
+        self._pubsub = None
+        self._tasks: list[asyncio.Task] = []
+        self.closed = False
+
+    async def start(self) -> None:
+        if self._tasks:
+            return
+        async with self._start_lock:
+            if self._tasks:
+                return
+            pubsub = self.client.pubsub()
+            try:
+                # subscribe() returns once Redis confirmed: no later grant is missed.
+                await pubsub.subscribe(self.channel)
+                async with asyncio.timeout(10.0):
+                    while True:
+                        message = await pubsub.get_message(timeout=1.0)
+                        if message and message.get("type") == "subscribe":
+                            break
+            except BaseException:
+                await pubsub.aclose()
+                raise
+            pubsub.ignore_subscribe_messages = True
+            if pubsub.connection is not None:
+                pubsub.connection.register_connect_callback(self._on_reconnect)
+            self._pubsub = pubsub
+            try:
+                policy = (await self.client.config_get("maxmemory-policy")).get("maxmemory-policy")
+                if policy and text(policy) != "noeviction":
+                    log.warning("Redis maxmemory-policy is %r: an eviction of a lane's keys would "
+                                "over-admit; set 'maxmemory-policy noeviction'", text(policy))
+            except redis.RedisError:
+                pass  # CONFIG disabled (managed Redis): nothing to read
+            self._tasks = [asyncio.create_task(self._listen(), name="lanes-doorbell"),
+                           asyncio.create_task(self._renew_loop(), name="lanes-renewer")]
+
+    async def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        if self._pubsub is not None:
+            with contextlib.suppress(Exception):
+                await self._pubsub.aclose()
+
+    async def _on_reconnect(self, connection) -> None:
+        self.book.kick_all()
+        self._changed.set()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    def replan(self) -> None:
+        """Wake the renewer only when a lane got its first entry (a new time to plan)."""
+        if self.book.new_slot:
+            self.book.new_slot = False
+            self._changed.set()
+
+    async def _listen(self) -> None:
+        failures = 0
+        while not self.closed:
+            try:
+                message = await self._pubsub.get_message(ignore_subscribe_messages=True, timeout=None)
+                failures = 0
+            except UNAVAILABLE as exc:
+                failures += 1
+                log.debug("doorbell connection failed (%s); reconnecting", exc)
+                await asyncio.sleep(min(0.05 * 2 ** failures, 1.0))
+                continue
+            if not message or message.get("type") != "message":
+                continue
+            try:
+                waiter_id, epoch, counter = text(message["data"]).split(" ")
+                generation = Generation(int(epoch), int(counter))
+            except ValueError:
+                log.warning("ignored malformed doorbell message %r", message["data"])
+                continue
+            self.book.deliver_grant(waiter_id, generation, time.monotonic())
+
+    async def _renew_loop(self) -> None:
+        while not self.closed:
+            upcoming = self.book.next_wakeup()
+            now = time.monotonic()
+            if upcoming is None or upcoming > now:
+                self._changed.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._changed.wait(), None if upcoming is None else upcoming - now)
+                continue
+            for slot, entries in self.book.due_batches(time.monotonic()):
+                await self._renew(slot, entries)
+
+    async def _renew(self, slot, entries) -> None:
+        lane = slot.lane
+        sent_at = time.monotonic()
+        try:
+            reply = await lane._script("renew", Book.renew_args(slot, entries, lane.width_arg(False)))
+            if text(reply[0]) == "nostate":
+                reply = await lane._script("renew", Book.renew_args(slot, entries, lane.width_arg(True)))
+        except Exception as exc:
+            if not isinstance(exc, (*UNAVAILABLE, redis.RedisError)):
+                log.exception("lane %r renewal failed", lane.key)
+            self.book.failed(slot, entries, time.monotonic(), f"renewal failed: {exc}")
+            return
+        if self.book.apply(slot, entries, reply, sent_at, time.monotonic()):
+            slot.due = 0.0
+
+
+def _hub_for(client, prefix: str) -> AsyncHub:
+    by_prefix = _hubs.setdefault(client, {})
+    hub = by_prefix.get(prefix)
+    if hub is None or hub.closed:
+        hub = by_prefix[prefix] = AsyncHub(client, prefix)
+    return hub
+
+
+class AsyncLane(LaneBase):
+    """The asyncio twin of :class:`lanes.lane.Lane`; every method is awaited."""
+
+    async def _script(self, name: str, args: list):
+        return await scripts_for(self.client)[name](keys=self._key_list, args=args)
+
+    async def _run(self, name: str, args: list, what: str):
+        try:
+            return await self._script(name, args)
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, what) from exc
+
+    async def _start_hub(self) -> AsyncHub:
+        hub = _hub_for(self.client, self.prefix)
+        try:
+            await hub.start()
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, "subscribing to the wake channel") from exc
+        return hub
+
+    async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only) -> tuple:
+        args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
+                hub.channel, "1" if try_only else "0", self.notify_flag]
+        parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
+        if parsed[0] == "nostate":
+            args[4] = self.width_arg(True)
+            parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
+        return parsed
+
+    def _permit(self, hub, holder_id, generation, priority, started, lease_until) -> AsyncPermit:
+        permit = AsyncPermit(self, holder_id=holder_id, generation=generation, priority=priority,
+                             waited_seconds=time.monotonic() - started, lease_until=lease_until)
+        hub.book.add_holder(self, permit)
+        hub.replan()
+        return permit
+
+    async def try_acquire(self, priority) -> AsyncPermit | None:
+        priority = Priority.parse(priority)
+        hub = await self._start_hub()
+        holder_id = new_id(hub.token)
+        sent_at = time.monotonic()
+        parsed = await self._acquire_call(hub, holder_id, priority, 0, True)
+        if parsed[0] != "granted":
+            return None
+        return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
+
+    async def acquire(self, priority, timeout: float | None, *,
+                      cancel: asyncio.Event | None = None) -> AsyncPermit:
+        """See :meth:`lanes.lane.Lane.acquire`. ``async with await lane.acquire(...) as permit:``
+        releases on exit. A real coroutine, so ``asyncio.create_task`` takes it."""
+        priority = Priority.parse(priority)
+        self.timeout_ms(timeout)
+        if cancel is not None and cancel.is_set():
+            raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
+        hub = await self._start_hub()
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        waiter = Waiter(id=new_id(hub.token), priority=priority)
+        event = asyncio.Event()
+        waiter.wake = event.set
+        relay = asyncio.create_task(self._relay(cancel, event)) if cancel is not None else None
+        hub.book.add_waiter(self, waiter)
+        registered = True
+        try:
+            while True:
+                remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                sent_at = time.monotonic()
+                parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False)
+                if parsed[0] == "granted":
+                    hub.book.remove_waiter(waiter.id)
+                    registered = False
+                    return self._permit(hub, waiter.id, parsed[1], priority, started, sent_at + self.lease_seconds)
+                waiter.epoch = parsed[1]
+                if hub.book.note_event(self, parsed[2], time.monotonic()):
+                    hub.changed()
+                hub.replan()
+                outcome = await self._wait(waiter, event, deadline, cancel)
+                if outcome[0] == "granted":
+                    hub.book.remove_waiter(waiter.id)
+                    registered = False
+                    lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
+                    return self._permit(hub, waiter.id, outcome[1], priority, started, lease_until)
+                if outcome[0] in ("timeouts", "cancels"):
+                    registered = False
+                    await self._leave(hub, waiter, outcome[0])
+                if outcome[0] == "unavailable":
+                    registered = False
+                    hub.book.remove_waiter(waiter.id)
+                    raise RedisUnavailable(f"lane {self.key!r}: {outcome[1]}")
+                # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
+        except BaseException:
+            if registered:
+                # Task cancelled or Redis failed mid-wait: leave the queue,
+                # shielded so the cancellation itself cannot cut the leave short.
+                with contextlib.suppress(AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                    await asyncio.shield(self._leave(hub, waiter, "cancels"))
+            raise
+        finally:
+            if relay is not None:
+                relay.cancel()
+
+    @staticmethod
+    async def _relay(cancel: asyncio.Event, event: asyncio.Event) -> None:
+        await cancel.wait()
+        event.set()
+
+    async def _wait(self, waiter, event, deadline, cancel) -> tuple:
+        while True:
+            outcome = waiter.outcome
+            if outcome is not None:
+                if outcome[0] == "gone":
+                    waiter.outcome = None
+                    event.clear()
+                return outcome
+            if cancel is not None and cancel.is_set():
+                return ("cancels",)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return ("timeouts",)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), remaining)
+            if waiter.outcome is None:
+                event.clear()  # woken by cancel or nothing: the checks above decide
+
+    async def _leave(self, hub, waiter, reason) -> None:
+        hub.book.remove_waiter(waiter.id)
+        outcome = text(await self._run("leave", [waiter.id, reason, self.lease_ms], f"leaving lane {self.key!r}"))
+        if reason == "cancels":
+            raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled ({outcome}); nothing is held")
+        raise AcquireTimeout(f"no slot on lane {self.key!r} within the wait budget ({outcome}); nothing is held")
+
+    async def release(self, permit: AsyncPermit) -> bool:
+        if permit._lane is not self and permit.lane_key != self.key:
+            raise InvalidInput(f"permit of lane {permit.lane_key!r} released on lane {self.key!r}")
+        if not permit._claim_release():
+            return False
+        hub = _hub_for(self.client, self.prefix)
+        hub.book.remove_holder(permit._lane, permit.holder_id)
+        gen = permit.generation
+        reply = await self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
+                                f"releasing on lane {self.key!r}")
+        if int(reply[1]):
+            await self._hand_off_rest()
+        return int(reply[0]) == 1
+
+    async def _hand_off_rest(self) -> None:
+        for _ in range(self.owner_width() // 256 + 2):
+            reply = await self._run("renew", [self.lease_ms, self.width_arg(False)], f"handing off on {self.key!r}")
+            if text(reply[0]) == "nostate" or not int(reply[2]):
+                return
+
+    async def resize(self, width: int) -> int:
+        self._check_width(width)
+        reply = await self._run("resize", [width, self.lease_ms], f"resizing lane {self.key!r}")
+        if int(reply[1]):
+            await self._hand_off_rest()
+        return int(reply[0])
+
+    async def provision(self) -> bool:
+        return int(await self._run("provision", [self.owner_width()], f"provisioning lane {self.key!r}")) == 1
+
+    async def stats(self) -> LaneStats:
+        return self.stats_from(await self._run("peek", [self.lease_ms, 1], f"reading lane {self.key!r}"))
+
+    async def forecast(self, priority) -> float | None:
+        priority = Priority.parse(priority)
+        reply = await self._run("peek", [self.lease_ms, 0], f"reading lane {self.key!r}")
+        return self.forecast_from(self.stats_from(reply), priority)
+
+    async def close(self) -> None:
+        hubs = _hubs.pop(self.client, {})
+        for hub in hubs.values():
+            await hub.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncLane({self.key!r}, prefix={self.prefix!r}, lease={self.lease_seconds}s)"

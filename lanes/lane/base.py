@@ -1,0 +1,160 @@
+"""What the sync and asyncio lanes share: validation, script arguments and
+reply parsing. No I/O here; :mod:`lanes.lane.sync` and :mod:`lanes.lane.aio`
+do the talking."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from typing import Callable
+
+import redis
+import redis.asyncio.cluster
+import redis.cluster
+
+from lanes.errors import InvalidInput, RedisUnavailable
+from lanes.lane.keys import DEFAULT_PREFIX, LaneKeys
+from lanes.lane.model import Generation, LaneStats, percentile
+from lanes.priority import Priority
+
+# Errors that mean "Redis did not answer (usefully)": they become RedisUnavailable.
+UNAVAILABLE = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+)
+
+_ids = itertools.count(1)
+_process_token = None
+
+
+def new_id(token: str) -> str:
+    """A holder/waiter id unique across processes: the hub's token + a counter."""
+    return f"{token}.{next(_ids)}"
+
+
+def new_token() -> str:
+    return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+
+
+def unavailable(exc: Exception, what: str) -> RedisUnavailable:
+    return RedisUnavailable(f"Redis did not answer while {what}: {exc}; the lane admits no one without Redis")
+
+
+def text(value) -> str:
+    return value.decode() if isinstance(value, (bytes, bytearray)) else str(value)
+
+
+def is_cluster(client) -> bool:
+    return isinstance(client, (redis.cluster.RedisCluster, redis.asyncio.cluster.RedisCluster))
+
+
+class LaneBase:
+    """Configuration and pure logic of one lane (see :class:`lanes.lane.Lane`)."""
+
+    def __init__(self, client, key: str, *, width: int | Callable[[], int], prefix: str = DEFAULT_PREFIX,
+                 lease_seconds: float = 30.0, renew_seconds: float | None = None) -> None:
+        self.client = client
+        self.keys = LaneKeys(prefix, key)
+        self.key = key
+        self.prefix = prefix
+        self._key_list = self.keys.all()
+        if not callable(width):
+            self._check_width(width)
+        self._width = width
+        if not lease_seconds or lease_seconds < 0.001:
+            raise InvalidInput(f"lease_seconds {lease_seconds!r} must be at least 0.001")
+        renew = lease_seconds / 3 if renew_seconds is None else renew_seconds
+        if not 0 < renew < lease_seconds:
+            raise InvalidInput(
+                f"renew_seconds {renew_seconds!r} must be positive and shorter than lease_seconds {lease_seconds}")
+        self.lease_seconds = float(lease_seconds)
+        self.lease_ms = max(1, int(round(lease_seconds * 1000)))
+        self.renew_seconds = float(renew)
+        # In Cluster, PUBLISH counts only the receivers on the lane's own node,
+        # so "nobody heard the grant" cannot be trusted there.
+        self.notify_flag = "0" if is_cluster(client) else "1"
+
+    @staticmethod
+    def _check_width(width) -> int:
+        if isinstance(width, bool) or not isinstance(width, int) or width < 0:
+            raise InvalidInput(f"lane width {width!r} must be an integer >= 0")
+        return width
+
+    def owner_width(self) -> int:
+        """The width from the lane's owner (used only to (re)create its state)."""
+        return self._check_width(self._width() if callable(self._width) else self._width)
+
+    def width_arg(self, ask: bool) -> str:
+        """ARGV width: known ints always; a callable owner only when the script asked."""
+        if not callable(self._width) or ask:
+            return str(self.owner_width())
+        return ""
+
+    @staticmethod
+    def timeout_ms(timeout: float | None) -> int:
+        if timeout is None:
+            return -1
+        if timeout != timeout or timeout < 0:  # NaN or negative
+            raise InvalidInput(f"timeout {timeout!r} must be None or >= 0 seconds")
+        return int(timeout * 1000)
+
+    # --- replies --------------------------------------------------------------
+
+    @staticmethod
+    def parse_acquire(reply) -> tuple:
+        kind = text(reply[0])
+        if kind == "granted":
+            return kind, Generation(int(text(reply[1])), int(text(reply[2])))
+        if kind == "queued":
+            return kind, int(text(reply[1])), int(reply[2])
+        if kind == "busy":
+            return kind, int(text(reply[1]))
+        return (kind,)
+
+    def stats_from(self, reply) -> LaneStats:
+        if not reply:
+            none_by = {p: None for p in Priority}
+            return LaneStats(
+                key=self.key, width=self.owner_width(), in_flight=0, queued={p: 0 for p in Priority},
+                mean_hold_seconds=None, wait_p50_seconds=None, wait_p95_seconds=None,
+                wait_p50_by_priority=none_by, wait_p95_by_priority=dict(none_by), grants=0, timeouts=0,
+                cancels=0, expired=0, lapsed_waiters=0, epoch=None, quiet_seconds=0.0, exists=False)
+        width, in_flight = int(reply[0]), int(reply[1])
+        queued = {p: int(reply[2 + p]) for p in Priority}
+        ewma = text(reply[5])
+        hold_n = int(reply[6])
+        samples: dict[Priority, list[float]] = {p: [] for p in Priority}
+        every: list[float] = []
+        for raw in reply[14:]:
+            prio, ms = text(raw).split(":")
+            seconds = int(ms) / 1000.0
+            samples[Priority(int(prio))].append(seconds)
+            every.append(seconds)
+        return LaneStats(
+            key=self.key, width=width, in_flight=in_flight, queued=queued,
+            mean_hold_seconds=(float(ewma) / 1000.0) if ewma and hold_n else None,
+            wait_p50_seconds=percentile(every, 50), wait_p95_seconds=percentile(every, 95),
+            wait_p50_by_priority={p: percentile(samples[p], 50) for p in Priority},
+            wait_p95_by_priority={p: percentile(samples[p], 95) for p in Priority},
+            grants=int(reply[7]), timeouts=int(reply[8]), cancels=int(reply[9]), expired=int(reply[10]),
+            lapsed_waiters=int(reply[11]), epoch=int(text(reply[12])), quiet_seconds=int(reply[13]) / 1000.0,
+            samples=len(every))
+
+    @staticmethod
+    def forecast_from(stats: LaneStats, priority: Priority) -> float | None:
+        """Expected wait of a new arrival at ``priority``, per the lane's rule:
+        0 when a slot is free; otherwise (waiters ahead at the same or higher
+        priority + 1) / W x mean hold; None before the first hold is measured."""
+        if stats.quiet_seconds <= 0 and stats.in_flight < stats.width and stats.queued_total == 0:
+            return 0.0
+        if stats.mean_hold_seconds is None:
+            return None
+        if stats.width <= 0:
+            return float("inf")  # a lane drained to width 0 admits no one until resized
+        ahead = sum(n for p, n in stats.queued.items() if p <= priority)
+        wait = (ahead + 1) / stats.width * stats.mean_hold_seconds
+        return max(wait, stats.quiet_seconds)

@@ -1,0 +1,201 @@
+"""The renewal book: which holders and waiters a process keeps alive on which
+lanes, when each lane is next due, and what a renewal reply means for each.
+
+Shared by the sync hub (a thread) and the asyncio hub (a task); it does no I/O
+and takes no locks (the sync hub holds its lock around every call).
+
+Why one book per client: renewal must be batched. A process keeping thousands
+of holders alive sends one script call per lane per renewal period (chunked
+to ``BATCH`` entries so a script never runs long), not one per holder.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from lanes.lane.base import text
+from lanes.lane.model import Generation, Permit
+from lanes.priority import Priority
+
+BATCH = 500  # entries per renew script call: ~1 ms of server time
+
+
+@dataclass
+class Waiter:
+    """A queued acquisition, as the waiting caller and the hub both see it."""
+
+    id: str
+    priority: Priority
+    epoch: int = 0
+    renewed_at: float = field(default_factory=time.monotonic)
+    # None while waiting; then ('granted', Generation, t) | ('gone',) | ('unavailable', message)
+    outcome: tuple | None = None
+    wake: Callable[[], None] = lambda: None
+
+
+@dataclass
+class Slot:
+    """One lane's entries in this process."""
+
+    lane: Any
+    holders: dict[str, Permit] = field(default_factory=dict)
+    waiters: dict[str, Waiter] = field(default_factory=dict)
+    due: float = 0.0                # next renewal (monotonic)
+    wake_at: float | None = None    # earliest event that may free a slot (waiters wake then)
+
+    def empty(self) -> bool:
+        return not self.holders and not self.waiters
+
+    def next_time(self) -> float:
+        if self.waiters and self.wake_at is not None:
+            return min(self.due, self.wake_at)
+        return self.due
+
+
+class Book:
+    def __init__(self) -> None:
+        self.new_slot = False  # set when a lane got its first entry: the renewer must re-plan
+        self.slots: dict[int, Slot] = {}
+        self.waiter_slot: dict[str, Slot] = {}
+
+    def _slot(self, lane) -> Slot:
+        slot = self.slots.get(id(lane))
+        if slot is None:
+            self.new_slot = True
+            slot = Slot(lane, due=time.monotonic() + lane.renew_seconds)
+            self.slots[id(lane)] = slot
+        return slot
+
+    def _drop_if_empty(self, slot: Slot) -> None:
+        # Kept until its next due time (see due_batches): a lane used in a
+        # loop keeps one plan instead of waking the renewer on every acquire.
+        pass
+
+    # --- registration -------------------------------------------------------------
+
+    def add_waiter(self, lane, waiter: Waiter) -> None:
+        slot = self._slot(lane)
+        slot.waiters[waiter.id] = waiter
+        self.waiter_slot[waiter.id] = slot
+
+    def remove_waiter(self, waiter_id: str) -> Waiter | None:
+        slot = self.waiter_slot.pop(waiter_id, None)
+        if slot is None:
+            return None
+        waiter = slot.waiters.pop(waiter_id, None)
+        self._drop_if_empty(slot)
+        return waiter
+
+    def add_holder(self, lane, permit: Permit) -> None:
+        self._slot(lane).holders[permit.holder_id] = permit
+
+    def remove_holder(self, lane, holder_id: str) -> None:
+        slot = self.slots.get(id(lane))
+        if slot is not None:
+            slot.holders.pop(holder_id, None)
+            self._drop_if_empty(slot)
+
+    def note_event(self, lane, in_ms: int, now: float) -> bool:
+        """A script said something may free a slot in ``in_ms`` ms. Returns
+        whether that is earlier than anything planned (the renewer must re-plan)."""
+        slot = self.slots.get(id(lane))
+        if slot is not None and in_ms >= 0:
+            at = now + in_ms / 1000.0
+            if slot.wake_at is None or at < slot.wake_at or slot.wake_at <= now:
+                slot.wake_at = at
+                return at < slot.due
+        return False
+
+    def kick_all(self) -> None:
+        """Renew every lane with waiters now (e.g. after the doorbell reconnected)."""
+        for slot in self.slots.values():
+            if slot.waiters:
+                slot.due = 0.0
+
+    # --- doorbell -------------------------------------------------------------------
+
+    def deliver_grant(self, waiter_id: str, generation: Generation, now: float) -> bool:
+        slot = self.waiter_slot.get(waiter_id)
+        waiter = slot.waiters.get(waiter_id) if slot else None
+        if waiter is None or waiter.outcome is not None:
+            return False
+        waiter.outcome = ("granted", generation, now)
+        waiter.wake()
+        return True
+
+    # --- renewal ----------------------------------------------------------------------
+
+    def next_wakeup(self) -> float | None:
+        times = [slot.next_time() for slot in self.slots.values()]
+        return min(times) if times else None
+
+    def due_batches(self, now: float) -> list[tuple[Slot, list[tuple[str, Any]]]]:
+        """(slot, entries) chunks of every lane that is due; entries are
+        ('h', Permit) or ('w', Waiter)."""
+        out = []
+        for slot in list(self.slots.values()):
+            if slot.next_time() > now:
+                continue
+            if slot.empty():
+                del self.slots[id(slot.lane)]
+                continue
+            slot.due = now + slot.lane.renew_seconds
+            slot.wake_at = None
+            entries: list[tuple[str, Any]] = [("h", p) for p in slot.holders.values()
+                                              if not p.released and not p.lost.is_set()]
+            entries += [("w", w) for w in slot.waiters.values() if w.outcome is None]
+            if not entries:
+                out.append((slot, []))
+                continue
+            for start in range(0, len(entries), BATCH):
+                out.append((slot, entries[start:start + BATCH]))
+        return out
+
+    @staticmethod
+    def renew_args(slot: Slot, entries, width_arg: str) -> list:
+        args: list = [slot.lane.lease_ms, width_arg]
+        for kind, item in entries:
+            if kind == "h":
+                gen = item.generation
+                args += ["h", item.holder_id, gen.epoch, gen.counter, int(item.priority)]
+            else:
+                args += ["w", item.id, item.epoch, 0, int(item.priority)]
+        return args
+
+    def apply(self, slot: Slot, entries, reply, sent_at: float, now: float) -> bool:
+        """Apply one renew reply. Returns whether the lane has more to hand off."""
+        lane = slot.lane
+        self.note_event(lane, int(reply[1]), now)
+        for (kind, item), raw in zip(entries, reply[3:]):
+            code = text(raw)
+            if kind == "h":
+                if code in ("ok", "rereg"):
+                    item._lease_until = sent_at + lane.lease_seconds
+                else:
+                    item._mark_lost()
+            elif item.outcome is None:
+                if code == "q":
+                    item.renewed_at = sent_at
+                elif code.startswith("g:"):
+                    _, epoch, counter = code.split(":")
+                    item.outcome = ("granted", Generation(int(epoch), int(counter)), now)
+                    item.wake()
+                else:
+                    item.outcome = ("gone",)
+                    item.wake()
+        return int(reply[2]) == 1
+
+    def failed(self, slot: Slot, entries, now: float, message: str) -> None:
+        """Redis did not answer: holders past their local lease are lost;
+        waiters that could not renew for a whole lease give up."""
+        lane = slot.lane
+        slot.due = now + min(lane.renew_seconds, 0.5)
+        for kind, item in entries:
+            if kind == "h":
+                if now > item._lease_until:
+                    item._mark_lost()
+            elif item.outcome is None and now - item.renewed_at > lane.lease_seconds:
+                item.outcome = ("unavailable", message)
+                item.wake()

@@ -1,0 +1,241 @@
+"""One hub per sync Redis client (and key prefix): the process's doorbell
+listener and batched renewer, shared by every :class:`~lanes.lane.Lane` on
+that client.
+
+- The **listener** thread holds one pub/sub connection subscribed to the
+  process's wake channel. A release script publishes ``"<waiter id> <epoch>
+  <counter>"`` there when it hands a slot to one of our waiters; the listener
+  wakes exactly that waiter's thread. One connection serves every waiter of
+  the process (a blocked connection per waiter would not scale).
+- The **renewer** thread sleeps on a condition until the next lane is due:
+  its renewal period, or (for lanes where we wait) the earliest lease expiry
+  the scripts reported, so crashed holders are reaped and their slots handed
+  off even when no one else acts. No polling: it wakes only for those times.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+
+import redis
+
+from lanes.lane.base import UNAVAILABLE, new_token, text
+from lanes.lane.book import Book, Waiter
+from lanes.lane.keys import wake_channel
+from lanes.lane.model import Generation, Permit
+
+log = logging.getLogger("lanes.lane")
+
+_hubs: "weakref.WeakKeyDictionary[object, dict[str, SyncHub]]" = weakref.WeakKeyDictionary()
+_hubs_lock = threading.Lock()
+
+
+def hub_for(client, prefix: str) -> "SyncHub":
+    with _hubs_lock:
+        by_prefix = _hubs.setdefault(client, {})
+        hub = by_prefix.get(prefix)
+        if hub is None or hub.closed:
+            hub = by_prefix[prefix] = SyncHub(client, prefix)
+        return hub
+
+
+def close_hubs(client) -> None:
+    """Stop the listener and renewer of ``client`` (permits stop being renewed)."""
+    with _hubs_lock:
+        hubs = list(_hubs.pop(client, {}).values())
+    for hub in hubs:
+        hub.close()
+
+
+class SyncHub:
+    def __init__(self, client, prefix: str) -> None:
+        self.client = client
+        self.token = new_token()
+        self.channel = wake_channel(prefix, self.token)
+        self.book = Book()
+        self.lock = threading.Lock()
+        self._cond = threading.Condition(self.lock)
+        self._start_lock = threading.Lock()
+        self._pubsub = None
+        self._threads: list[threading.Thread] = []
+        self.closed = False
+
+    # --- lifecycle -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Subscribe (confirmed, so no grant published after this is missed)
+        and start both threads. Idempotent."""
+        if self._threads:
+            return
+        with self._start_lock:
+            if self._threads:
+                return
+            pubsub = self.client.pubsub()
+            try:
+                pubsub.subscribe(self.channel)
+                deadline = time.monotonic() + 10.0
+                while time.monotonic() < deadline:
+                    message = pubsub.get_message(timeout=1.0)
+                    if message and message.get("type") == "subscribe":
+                        break
+                else:
+                    raise redis.exceptions.TimeoutError("no SUBSCRIBE confirmation within 10 s")
+            except Exception:
+                pubsub.close()
+                raise
+            pubsub.ignore_subscribe_messages = True
+            if pubsub.connection is not None:
+                # After a reconnect, grants published in the gap were lost:
+                # renew every lane with waiters at once to find them.
+                pubsub.connection.register_connect_callback(self._on_reconnect)
+            self._pubsub = pubsub
+            self._warn_eviction()
+            threads = [threading.Thread(target=self._listen, name="lanes-doorbell", daemon=True),
+                       threading.Thread(target=self._renew_loop, name="lanes-renewer", daemon=True)]
+            for thread in threads:
+                thread.start()
+            self._threads = threads
+
+    def _warn_eviction(self) -> None:
+        try:
+            policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
+        except redis.RedisError:
+            return  # CONFIG disabled (managed Redis) or unreadable: nothing to say
+        if policy and text(policy) != "noeviction":
+            log.warning("Redis maxmemory-policy is %r: an eviction of a lane's keys would over-admit; "
+                        "set 'maxmemory-policy noeviction'", text(policy))
+
+    def close(self) -> None:
+        with self._cond:
+            self.closed = True
+            self._cond.notify_all()
+        if self._pubsub is not None:
+            try:
+                # Ring our own doorbell so the listener returns now, not at its read timeout.
+                self.client.publish(self.channel, "close")
+            except redis.RedisError:
+                pass  # Redis gone: the listener ends at its read timeout
+        for thread in self._threads:
+            if thread is not threading.current_thread():
+                thread.join(timeout=3.0)
+        if self._pubsub is not None:
+            try:
+                self._pubsub.close()
+            except Exception:  # closing a broken connection: nothing left to do
+                pass
+
+    def _on_reconnect(self, connection) -> None:
+        with self._cond:
+            self.book.kick_all()
+            self._cond.notify_all()
+
+    # --- registration (called by Lane) --------------------------------------------
+
+    def add_waiter(self, lane, waiter: Waiter) -> None:
+        with self._cond:
+            self.book.add_waiter(lane, waiter)
+            self._replan()
+
+    def remove_waiter(self, waiter_id: str) -> Waiter | None:
+        with self._cond:
+            return self.book.remove_waiter(waiter_id)
+
+    def add_holder(self, lane, permit: Permit) -> None:
+        with self._cond:
+            self.book.add_holder(lane, permit)
+            self._replan()
+
+    def _replan(self) -> None:
+        # Wake the renewer only when a lane appeared (its plan has a new time);
+        # waking it on every acquire would cost a thread switch per call.
+        if self.book.new_slot:
+            self.book.new_slot = False
+            self._cond.notify_all()
+
+    def remove_holder(self, lane, holder_id: str) -> None:
+        with self._cond:
+            self.book.remove_holder(lane, holder_id)
+
+    def note_event(self, lane, in_ms: int) -> None:
+        with self._cond:
+            if self.book.note_event(lane, in_ms, time.monotonic()):
+                self._cond.notify_all()
+
+    def take_outcome(self, waiter: Waiter, event: threading.Event):
+        """The waiter's outcome; a 'gone' one is consumed (the caller rejoins)."""
+        with self._cond:
+            outcome = waiter.outcome
+            if outcome is not None and outcome[0] == "gone":
+                waiter.outcome = None
+                event.clear()
+            return outcome
+
+    # --- threads ---------------------------------------------------------------------
+
+    def _listen(self) -> None:
+        failures = 0
+        while not self.closed:
+            try:
+                message = self._pubsub.get_message(timeout=1.0)
+                failures = 0
+            except UNAVAILABLE as exc:
+                failures += 1
+                log.debug("doorbell connection failed (%s); reconnecting", exc)
+                time.sleep(min(0.05 * 2 ** failures, 1.0))
+                continue
+            except Exception:
+                if self.closed:
+                    return
+                log.exception("doorbell listener error")
+                time.sleep(0.1)
+                continue
+            if self.closed:
+                return
+            if not message or message.get("type") != "message":
+                continue
+            try:
+                waiter_id, epoch, counter = text(message["data"]).split(" ")
+                generation = Generation(int(epoch), int(counter))
+            except ValueError:
+                log.warning("ignored malformed doorbell message %r", message["data"])
+                continue
+            with self._cond:
+                self.book.deliver_grant(waiter_id, generation, time.monotonic())
+
+    def _renew_loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self.closed:
+                    now = time.monotonic()
+                    upcoming = self.book.next_wakeup()
+                    if upcoming is not None and upcoming <= now:
+                        break
+                    self._cond.wait(None if upcoming is None else upcoming - now)
+                if self.closed:
+                    return
+                batches = self.book.due_batches(time.monotonic())
+            for slot, entries in batches:
+                self._renew(slot, entries)
+
+    def _renew(self, slot, entries) -> None:
+        lane = slot.lane
+        sent_at = time.monotonic()
+        try:
+            reply = lane._script("renew", Book.renew_args(slot, entries, lane.width_arg(False)))
+            if text(reply[0]) == "nostate":
+                reply = lane._script("renew", Book.renew_args(slot, entries, lane.width_arg(True)))
+        except (*UNAVAILABLE, redis.RedisError) as exc:
+            with self._cond:
+                self.book.failed(slot, entries, time.monotonic(), f"renewal failed: {exc}")
+            return
+        except Exception as exc:  # the owner's width callable failed: keep trying
+            log.exception("lane %r renewal failed", lane.key)
+            with self._cond:
+                self.book.failed(slot, entries, time.monotonic(), f"renewal failed: {exc}")
+            return
+        with self._cond:
+            if self.book.apply(slot, entries, reply, sent_at, time.monotonic()):
+                slot.due = 0.0

@@ -1,0 +1,152 @@
+"""Values a lane hands out: generations, permits, statistics. No I/O here."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from lanes.errors import LeaseLost
+from lanes.priority import Priority
+
+
+class Generation(NamedTuple):
+    """A grant's fencing token: ``(epoch, counter)``, compared in that order.
+
+    ``epoch`` is the Redis server time (ms) when the lane's state was created;
+    ``counter`` counts grants within it. So generations strictly increase for
+    the life of a lane, across a Redis state loss too.
+    """
+
+    epoch: int
+    counter: int
+
+    def __str__(self) -> str:
+        return f"{self.epoch}:{self.counter}"
+
+
+class Permit:
+    """A held slot of a lane. Release it exactly once (more calls do nothing).
+
+    ``lost`` is set when the lane refuses a renewal (or renewals could not
+    reach Redis for a whole lease): the holder must stop using the slot.
+    """
+
+    def __init__(self, lane: Any, *, holder_id: str, generation: Generation, priority: Priority,
+                 waited_seconds: float, lease_until: float) -> None:
+        self._lane = lane
+        self.holder_id = holder_id
+        self.generation = generation
+        self.priority = priority
+        self.waited_seconds = waited_seconds
+        self.lost = threading.Event()
+        self.acquired_at = time.monotonic()
+        # Local (monotonic) time until which the lease is known to be valid:
+        # set from the send time of the last renewal that Redis accepted.
+        self._lease_until = lease_until
+        self._released = False
+        self._release_lock = threading.Lock()
+
+    @property
+    def lane_key(self) -> str:
+        return self._lane.key
+
+    @property
+    def released(self) -> bool:
+        return self._released
+
+    def check(self) -> None:
+        """Raise :class:`LeaseLost` if the holder must stop."""
+        if self.lost.is_set() or time.monotonic() > self._lease_until:
+            raise LeaseLost(
+                f"lease of holder {self.holder_id} (generation {self.generation}) on lane "
+                f"{self.lane_key!r} was lost: stop using the slot"
+            )
+
+    def _mark_lost(self) -> None:
+        self.lost.set()
+
+    def _claim_release(self) -> bool:
+        """True exactly once: the caller that gets True sends the release."""
+        with self._release_lock:
+            if self._released:
+                return False
+            self._released = True
+            return True
+
+    def release(self):
+        return self._lane.release(self)
+
+    def __enter__(self) -> "Permit":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.release()
+        except Exception:
+            if exc_type is None:
+                raise  # otherwise the body's own error is the one to see
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else ("lost" if self.lost.is_set() else "held")
+        return (f"Permit(lane={self.lane_key!r}, holder={self.holder_id!r}, "
+                f"generation={self.generation}, priority={self.priority.label}, {state})")
+
+
+class AsyncPermit(Permit):
+    """A :class:`Permit` of an :class:`~lanes.lane.AsyncLane`: ``await permit.release()``."""
+
+    async def release(self) -> bool:  # type: ignore[override]
+        return await self._lane.release(self)
+
+    def __enter__(self):
+        raise TypeError("an AsyncPermit is used with 'async with', not 'with'")
+
+    async def __aenter__(self) -> "AsyncPermit":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        try:
+            await self.release()
+        except Exception:
+            if exc_type is None:
+                raise
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """Nearest-rank percentile (``q`` in 0..100); None for no values."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = max(1, math.ceil(q / 100.0 * len(ordered)))
+    return ordered[rank - 1]
+
+
+@dataclass(frozen=True)
+class LaneStats:
+    """One consistent reading of a lane, as every process sees it."""
+
+    key: str
+    width: int
+    in_flight: int
+    queued: dict[Priority, int]
+    mean_hold_seconds: float | None
+    wait_p50_seconds: float | None
+    wait_p95_seconds: float | None
+    wait_p50_by_priority: dict[Priority, float | None]
+    wait_p95_by_priority: dict[Priority, float | None]
+    grants: int
+    timeouts: int
+    cancels: int
+    expired: int
+    lapsed_waiters: int
+    epoch: int | None
+    quiet_seconds: float
+    exists: bool = True
+    samples: int = field(default=0)
+
+    @property
+    def queued_total(self) -> int:
+        return sum(self.queued.values())

@@ -1,0 +1,28 @@
+-- leave.lua: a waiter stops waiting (its budget ran out, or it was cancelled).
+-- If a slot was handed to it in the same instant, the slot goes back to the
+-- next waiter, so nothing leaks and nobody holds after being told it did not.
+-- KEYS: the seven lane keys (see lib.lua).
+-- ARGV[1] id        waiter id
+-- ARGV[2] reason    'timeouts' or 'cancels' (the counter to bump)
+-- ARGV[3] lease_ms  lease for the holder a returned slot is handed to
+-- Returns 'left' (was queued), 'returned' (had been granted; slot passed on)
+-- or 'gone' (already removed: its deadline or lease had lapsed, counted then).
+local id, reason, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if reason ~= 'timeouts' and reason ~= 'cancels' then
+  return redis.error_reply('leave: reason must be timeouts or cancels, got ' .. reason)
+end
+local now = now_ms()
+local st = load_state(now, '', lease_ms)
+if not st then return 'gone' end
+local outcome = 'gone'
+if unqueue(id) then
+  outcome = 'left'
+elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
+  unhold(id, now, false)
+  redis.call('HINCRBY', K_META, 'grants', -1)
+  outcome = 'returned'
+end
+if outcome ~= 'gone' then redis.call('HINCRBY', K_META, reason, 1) end
+reap(now)
+grant_free(st, now, lease_ms)
+return outcome

@@ -1,0 +1,33 @@
+-- peek.lua: read the lane's statistics (and reap, so counts are current).
+-- KEYS: the seven lane keys (see lib.lua).
+-- ARGV[1] lease_ms  lease for holders a reap hands slots to
+-- ARGV[2] samples   1 = include the admission-wait samples (stats), 0 = not
+--                   (forecast: O(log n), no list read)
+-- Returns {} when the lane has no state, else
+--   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
+--    hold_n, grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
+--    samples...}
+local lease_ms = tonumber(ARGV[1])
+local now = now_ms()
+local st = load_state(now, '', lease_ms)
+if not st then return {} end
+reap(now)
+grant_free(st, now, lease_ms)
+local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'hold_n', 'grants', 'timeouts',
+  'cancels', 'expired', 'lapsed')
+local out = {st.width, redis.call('ZCARD', K_HOLDERS)}
+for p = 0, 2 do
+  -- ZCOUNT is O(log n): the score ranges of one priority class.
+  out[#out + 1] = redis.call('ZCOUNT', K_QUEUE, p * PRIO_SPAN, '(' .. fmt((p + 1) * PRIO_SPAN))
+end
+out[#out + 1] = m[1] or ''
+for i = 2, 7 do out[#out + 1] = tonumber(m[i]) or 0 end
+out[#out + 1] = fmt(st.epoch)
+local quiet = st.quiet_until - now
+if quiet < 0 then quiet = 0 end
+out[#out + 1] = quiet
+if ARGV[2] == '1' then
+  local samples = redis.call('LRANGE', K_WAITS, 0, -1)
+  for i = 1, #samples do out[#out + 1] = samples[i] end
+end
+return out

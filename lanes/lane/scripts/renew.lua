@@ -1,0 +1,76 @@
+-- renew.lua: one batched renewal of a process's holders and waiters on a lane,
+-- plus the reap-and-handoff any call does (so a process with waiters that wakes
+-- at the earliest lease expiry reaps crashed holders even when no one else acts).
+-- KEYS: the seven lane keys (see lib.lua).
+-- ARGV[1] lease_ms  new lease length from now
+-- ARGV[2] width     owner's width if the state must be recreated; '' = ask
+-- ARGV[3..] entries of 5 fields each:
+--   kind     'h' holder or 'w' waiter
+--   id
+--   epoch    holder: epoch of its generation; waiter: epoch it queued in
+--   counter  holder: counter of its generation; waiter: 0
+--   priority
+-- Returns {epoch, next_event_ms, more, code_1, ..., code_n} (or {'nostate'}):
+--   holder: 'ok' renewed | 'rereg' re-registered after a state loss | 'lost'
+--   waiter: 'q' still queued (place renewed) | 'g:<epoch>:<counter>' granted
+--           (its doorbell may have been lost) | 'x' no longer queued
+local lease_ms = tonumber(ARGV[1])
+local now = now_ms()
+local st = load_state(now, ARGV[2], lease_ms)
+if not st then return {'nostate'} end
+local n = (#ARGV - 2) / 5
+local codes = {}
+local deadline = now + lease_ms
+for i = 0, n - 1 do
+  local b = 3 + i * 5
+  local kind, id, epoch, counter, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
+  local code
+  if kind == 'h' then
+    local info = redis.call('HGET', K_HINFO, id)
+    if info then
+      local e, c = parse_hinfo(info)
+      if e == epoch and c == counter and tonumber(redis.call('ZSCORE', K_HOLDERS, id)) > now then
+        redis.call('ZADD', K_HOLDERS, deadline, id)
+        code = 'ok'
+      else
+        code = 'lost'
+      end
+    elseif tonumber(epoch) < st.epoch and now < st.quiet_until
+        and redis.call('ZCARD', K_HOLDERS) < st.width then
+      -- A holder from before a state loss, inside the quiet period: take it
+      -- back with its old generation (new grants all carry the new, larger
+      -- epoch). Capped at the width: the lane never admits more than W.
+      redis.call('ZADD', K_HOLDERS, deadline, id)
+      redis.call('HSET', K_HINFO, id, epoch .. ':' .. counter .. ':' .. fmt(now) .. ':' .. prio)
+      code = 'rereg'
+    else
+      code = 'lost'
+    end
+  else
+    if redis.call('ZSCORE', K_QUEUE, id) then
+      local _, _, wait_deadline = parse_winfo(redis.call('HGET', K_WINFO, id))
+      local exp = deadline
+      if wait_deadline >= 0 and wait_deadline < exp then exp = wait_deadline end
+      if tonumber(redis.call('ZSCORE', K_WEXP, id)) > now then
+        redis.call('ZADD', K_WEXP, exp, id)
+        code = 'q'
+      else
+        code = 'x'   -- lapsed already; the reap below removes it
+      end
+    else
+      local info = redis.call('HGET', K_HINFO, id)
+      if info then
+        local e, c = parse_hinfo(info)
+        code = 'g:' .. e .. ':' .. c
+      else
+        code = 'x'
+      end
+    end
+  end
+  codes[#codes + 1] = code
+end
+reap(now)
+local more = grant_free(st, now, lease_ms)
+local out = {fmt(st.epoch), next_event(st, now), more and 1 or 0}
+for i = 1, #codes do out[#out + 1] = codes[i] end
+return out

@@ -1,0 +1,240 @@
+"""The sync lane client: :class:`Lane`."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import redis
+
+from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
+from lanes.lane._lua import scripts_for
+from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, text, unavailable
+from lanes.lane.book import Waiter
+from lanes.lane.cancel import PLAIN_EVENT_CHECK_SECONDS, CancelEvent
+from lanes.lane.hub import SyncHub, close_hubs, hub_for
+from lanes.lane.keys import lane_of_meta, meta_pattern
+from lanes.lane.model import Generation, LaneStats, Permit
+from lanes.priority import Priority
+
+
+class Lane(LaneBase):
+    """A fleet-wide priority lane of width W, kept in Redis.
+
+    ``key`` is the caller's stable id (e.g. ``pool:42``); ``width`` (or a
+    callable giving it) is the owner's width, used whenever the lane's state
+    must be (re)created. Leases and renewals use ``lease_seconds`` and
+    ``renew_seconds`` (default a third of the lease).
+    """
+
+    # --- plumbing ---------------------------------------------------------------
+
+    def _script(self, name: str, args: list):
+        """Run a lane script (EVALSHA; NOSCRIPT reloads). Raw redis errors."""
+        return scripts_for(self.client)[name](keys=self._key_list, args=args)
+
+    def _run(self, name: str, args: list, what: str):
+        try:
+            return self._script(name, args)
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, what) from exc
+
+    @property
+    def _hub(self) -> SyncHub:
+        return hub_for(self.client, self.prefix)
+
+    def _start_hub(self) -> SyncHub:
+        hub = self._hub
+        try:
+            hub.start()
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, "subscribing to the wake channel") from exc
+        return hub
+
+    def _acquire_call(self, hub: SyncHub, waiter_id: str, priority: Priority, timeout_ms: int,
+                      try_only: bool) -> tuple:
+        args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
+                hub.channel, "1" if try_only else "0", self.notify_flag]
+        parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
+        if parsed[0] == "nostate":
+            args[4] = self.width_arg(True)
+            parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
+        return parsed
+
+    def _permit(self, hub: SyncHub, holder_id: str, generation: Generation, priority: Priority,
+                started: float, lease_until: float) -> Permit:
+        permit = Permit(self, holder_id=holder_id, generation=generation, priority=priority,
+                        waited_seconds=time.monotonic() - started, lease_until=lease_until)
+        hub.add_holder(self, permit)
+        return permit
+
+    # --- acquire / release ----------------------------------------------------------
+
+    def try_acquire(self, priority: Priority | str | int) -> Permit | None:
+        """A permit if a slot is free and nobody waits, else None. Never queues."""
+        priority = Priority.parse(priority)
+        hub = self._start_hub()
+        holder_id = new_id(hub.token)
+        sent_at = time.monotonic()
+        parsed = self._acquire_call(hub, holder_id, priority, 0, try_only=True)
+        if parsed[0] != "granted":
+            return None
+        return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
+
+    def acquire(self, priority: Priority | str | int, timeout: float | None, *,
+                cancel: threading.Event | None = None) -> Permit:
+        """Wait for a slot: priority order, arrival order within a priority.
+
+        ``timeout=None`` waits without limit. Raises :class:`AcquireTimeout`
+        or :class:`AcquireCancelled` (the caller then holds nothing), or
+        :class:`RedisUnavailable` when Redis does not answer in bounded time.
+        """
+        priority = Priority.parse(priority)
+        timeout_ms = self.timeout_ms(timeout)
+        if cancel is not None and cancel.is_set():
+            raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
+        hub = self._start_hub()
+        started = time.monotonic()
+        deadline = None if timeout is None else started + timeout
+        waiter = Waiter(id=new_id(hub.token), priority=priority)
+        event = threading.Event()
+        waiter.wake = event.set
+        if isinstance(cancel, CancelEvent):
+            cancel.add_callback(event.set)
+        hub.add_waiter(self, waiter)
+        registered = True
+        try:
+            while True:
+                remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                sent_at = time.monotonic()
+                parsed = self._acquire_call(hub, waiter.id, priority, remaining_ms, try_only=False)
+                if parsed[0] == "granted":
+                    hub.remove_waiter(waiter.id)
+                    registered = False
+                    return self._permit(hub, waiter.id, parsed[1], priority, started,
+                                        sent_at + self.lease_seconds)
+                waiter.epoch = parsed[1]
+                hub.note_event(self, parsed[2])
+                outcome = self._wait(hub, waiter, event, deadline, cancel)
+                if outcome[0] == "granted":
+                    hub.remove_waiter(waiter.id)
+                    registered = False
+                    # The doorbell rang after the server granted: count the
+                    # lease from one renewal period earlier, to be safe.
+                    lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
+                    return self._permit(hub, waiter.id, outcome[1], priority, started, lease_until)
+                if outcome[0] in ("timeouts", "cancels"):
+                    registered = False
+                    self._leave(hub, waiter, outcome[0])
+                if outcome[0] == "unavailable":
+                    registered = False
+                    hub.remove_waiter(waiter.id)
+                    raise RedisUnavailable(f"lane {self.key!r}: {outcome[1]}")
+                # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
+        except BaseException:
+            if registered:
+                # Interrupted (KeyboardInterrupt, Redis error mid-wait): leave
+                # the queue if we can; otherwise our waiter lease lapses.
+                try:
+                    self._leave(hub, waiter, "cancels")
+                except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                    pass
+            raise
+        finally:
+            if isinstance(cancel, CancelEvent):
+                cancel.remove_callback(event.set)
+
+    def _wait(self, hub: SyncHub, waiter: Waiter, event: threading.Event, deadline: float | None,
+              cancel: threading.Event | None) -> tuple:
+        """Block until the doorbell, the deadline or a cancel. No Redis calls."""
+        check_plain = cancel is not None and not isinstance(cancel, CancelEvent)
+        while True:
+            outcome = hub.take_outcome(waiter, event)
+            if outcome is not None:
+                return outcome
+            if cancel is not None and cancel.is_set():
+                return ("cancels",)
+            remaining = None if deadline is None else deadline - time.monotonic()
+            if remaining is not None and remaining <= 0:
+                return ("timeouts",)
+            if check_plain:
+                remaining = PLAIN_EVENT_CHECK_SECONDS if remaining is None else min(remaining, PLAIN_EVENT_CHECK_SECONDS)
+            event.wait(remaining)
+
+    def _leave(self, hub: SyncHub, waiter: Waiter, reason: str) -> None:
+        """Leave the queue; a slot granted in the same instant goes back. Always raises."""
+        hub.remove_waiter(waiter.id)
+        outcome = text(self._run("leave", [waiter.id, reason, self.lease_ms], f"leaving lane {self.key!r}"))
+        if reason == "cancels":
+            raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled ({outcome}); nothing is held")
+        raise AcquireTimeout(f"no slot on lane {self.key!r} within the wait budget ({outcome}); nothing is held")
+
+    def release(self, permit: Permit) -> bool:
+        """Give the slot back (handed to the head waiter at once). Idempotent:
+        returns False for a second call or a stale generation."""
+        if permit._lane is not self and permit.lane_key != self.key:
+            raise InvalidInput(f"permit of lane {permit.lane_key!r} released on lane {self.key!r}")
+        if not permit._claim_release():
+            return False
+        self._hub.remove_holder(permit._lane, permit.holder_id)
+        gen = permit.generation
+        reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
+                          f"releasing on lane {self.key!r}")
+        if int(reply[1]):
+            self._hand_off_rest()
+        return int(reply[0]) == 1
+
+    def _hand_off_rest(self) -> None:
+        # A script grants at most 256 per call; keep going while it says more.
+        for _ in range(self.owner_width() // 256 + 2):
+            reply = self._run("renew", [self.lease_ms, self.width_arg(False)], f"handing off on {self.key!r}")
+            if text(reply[0]) == "nostate" or not int(reply[2]):
+                return
+
+    # --- width, statistics -------------------------------------------------------------
+
+    def resize(self, width: int) -> int:
+        """Set the width now; returns the old width. Nobody is revoked."""
+        self._check_width(width)
+        reply = self._run("resize", [width, self.lease_ms], f"resizing lane {self.key!r}")
+        if int(reply[1]):
+            self._hand_off_rest()
+        return int(reply[0])
+
+    def provision(self) -> bool:
+        """Create the lane's state with no quiet period if it is absent.
+
+        Only for an owner that knows no holder can be alive (a new pool).
+        Returns whether it created the state.
+        """
+        return int(self._run("provision", [self.owner_width()], f"provisioning lane {self.key!r}")) == 1
+
+    def stats(self) -> LaneStats:
+        return self.stats_from(self._run("peek", [self.lease_ms, 1], f"reading lane {self.key!r}"))
+
+    def forecast(self, priority: Priority | str | int) -> float | None:
+        """Expected wait (seconds) for a new arrival at ``priority``; 0 if a slot
+        is free; None before the first hold has been measured."""
+        priority = Priority.parse(priority)
+        return self.forecast_from(self.stats_from(self._run("peek", [self.lease_ms, 0], f"reading lane {self.key!r}")),
+                                  priority)
+
+    def close(self) -> None:
+        """Stop this client's background listener and renewer (at shutdown)."""
+        close_hubs(self.client)
+
+    def __repr__(self) -> str:
+        return f"Lane({self.key!r}, prefix={self.prefix!r}, lease={self.lease_seconds}s)"
+
+
+def scan_lane_keys(client, prefix: str = "lanes:v1") -> list[str]:
+    """The keys of every lane with state under ``prefix`` (for ``lanes pools``)."""
+    found = set()
+    try:
+        for name in client.scan_iter(match=meta_pattern(prefix), count=500):
+            key = lane_of_meta(prefix, text(name))
+            if key is not None:
+                found.add(key)
+    except UNAVAILABLE as exc:
+        raise unavailable(exc, "listing lanes") from exc
+    return sorted(found)

@@ -1,0 +1,360 @@
+"""The sync lane's behaviour against real Redis (6.2 embedded and 7 machine)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pytest
+import redis
+
+from lanes import AcquireCancelled, AcquireTimeout, CancelEvent, Generation, Lane, LeaseLost, Priority, RedisUnavailable
+from lanes.errors import InvalidInput
+from lanes.lane.hub import close_hubs
+from lanes.lane.keys import LaneKeys
+
+I, U, B = Priority.INTERACTIVE, Priority.USER_TOOL, Priority.BACKGROUND
+
+
+def start_waiter(lane, priority, timeout=10.0, results=None, name=None, cancel=None):
+    """Acquire in a thread; the outcome (Permit or exception) lands in results[name]."""
+    results = results if results is not None else {}
+
+    def run():
+        try:
+            results[name] = lane.acquire(priority, timeout, cancel=cancel)
+        except Exception as exc:  # recorded for the test to assert on
+            results[name] = exc
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, results
+
+
+def wait_queued(lane, count, within=5.0):
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        if lane.stats().queued_total >= count:
+            return
+        time.sleep(0.005)
+    raise AssertionError(f"expected {count} queued on {lane.key}, got {lane.stats().queued_total}")
+
+
+def test_grants_at_once_while_below_width_and_nobody_waits(make_lane):
+    lane = make_lane(width=2)
+    first, second = lane.acquire(I, 1.0), lane.acquire(B, 1.0)
+    assert second.generation > first.generation
+    assert lane.try_acquire(I) is None
+    stats = lane.stats()
+    assert (stats.width, stats.in_flight, stats.grants) == (2, 2, 2)
+    assert first.release() and second.release()
+    assert lane.stats().in_flight == 0
+
+
+def test_a_context_manager_releases_on_exit_even_on_error(make_lane):
+    lane = make_lane(width=1)
+    with pytest.raises(RuntimeError):
+        with lane.acquire(I, timeout=1.0) as permit:
+            assert permit.holder_id
+            raise RuntimeError("boom")
+    assert lane.stats().in_flight == 0
+
+
+def test_release_is_idempotent_and_a_stale_generation_changes_nothing(make_lane):
+    lane = make_lane(width=1)
+    permit = lane.acquire(I, 1.0)
+    assert permit.release() is True
+    assert permit.release() is False and lane.release(permit) is False
+    holder = lane.acquire(I, 1.0)
+    # A forged release with an older generation of the same holder id.
+    script_release = lane._script("release", [holder.holder_id, holder.generation.epoch,
+                                              holder.generation.counter - 1, lane.lease_ms])
+    assert int(script_release[0]) == 0
+    assert lane.stats().in_flight == 1
+    holder.release()
+
+
+def test_release_hands_the_slot_to_the_head_waiter_and_wakes_exactly_it(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(I, 1.0)
+    results = {}
+    threads = []
+    for name, prio in (("bg", B), ("tool", U), ("inter", I)):
+        threads.append(start_waiter(lane, prio, results=results, name=name)[0])
+        wait_queued(lane, len(threads))
+    holder.release()
+    deadline = time.monotonic() + 5
+    while "inter" not in results and time.monotonic() < deadline:
+        time.sleep(0.002)
+    time.sleep(0.05)
+    assert set(results) == {"inter"}, "only the head waiter (interactive) may run"
+    assert results["inter"].generation > holder.generation
+    assert lane.stats().in_flight == 1
+    results["inter"].release()
+    threads[1].join(5)
+    assert set(results) == {"inter", "tool"}
+    results["tool"].release()
+    threads[0].join(5)
+    results["bg"].release()
+
+
+def test_arrival_order_within_one_priority(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(U, 1.0)
+    results, order = {}, []
+    threads = []
+    for index in range(4):
+        threads.append(start_waiter(lane, U, results=results, name=index)[0])
+        wait_queued(lane, index + 1)
+    holder.release()
+    for index in range(4):
+        threads[index].join(5)
+        order.append(index)
+        results[index].release()
+    assert [results[i].generation for i in range(4)] == sorted(results[i].generation for i in range(4))
+
+
+def test_a_timeout_leaves_the_queue_and_holds_nothing(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(I, 1.0)
+    started = time.monotonic()
+    with pytest.raises(AcquireTimeout):
+        lane.acquire(I, 0.2)
+    assert 0.15 < time.monotonic() - started < 2.0
+    stats = lane.stats()
+    assert stats.queued_total == 0 and stats.timeouts == 1
+    holder.release()
+    assert lane.stats().in_flight == 0
+
+
+def test_a_slot_granted_in_the_same_instant_as_the_timeout_goes_back(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(I, 1.0)
+    # A queued waiter (script level), then the release grants to it, then it
+    # leaves on timeout before reading its doorbell: the slot must pass on.
+    hub = lane._hub
+    waiter = lane._acquire_call(hub, "late-waiter", I, 10_000, try_only=False)
+    nxt = lane._acquire_call(hub, "next-waiter", I, 10_000, try_only=False)
+    assert waiter[0] == nxt[0] == "queued"
+    holder.release()
+    assert lane._script("leave", ["late-waiter", "timeouts", lane.lease_ms]) in (b"returned", "returned")
+    holders = lane.client.zrange(LaneKeys(lane.prefix, lane.key).all()[1], 0, -1)
+    assert holders == [b"next-waiter"]
+    assert lane.stats().timeouts == 1
+
+
+def test_timeout_none_waits_without_limit_and_keeps_its_place_by_renewing(make_lane):
+    lane = make_lane(width=1, lease_seconds=0.3)
+    holder = lane.acquire(B, None)
+    thread, results = start_waiter(lane, B, timeout=None, name="w")
+    time.sleep(1.2)  # four waiter leases: it stays queued because it renews
+    assert "w" not in results and lane.stats().queued_total == 1
+    holder.release()
+    thread.join(5)
+    results["w"].release()
+
+
+@pytest.mark.parametrize("event_type", [CancelEvent, threading.Event])
+def test_cancel_ends_a_wait_with_a_typed_error_and_no_slot(make_lane, event_type):
+    lane = make_lane(width=1)
+    holder = lane.acquire(I, 1.0)
+    cancel = event_type()
+    thread, results = start_waiter(lane, I, timeout=None, name="w", cancel=cancel)
+    wait_queued(lane, 1)
+    started = time.monotonic()
+    cancel.set()
+    thread.join(5)
+    assert isinstance(results["w"], AcquireCancelled)
+    assert time.monotonic() - started < 0.5
+    stats = lane.stats()
+    assert stats.cancels == 1 and stats.queued_total == 0 and stats.in_flight == 1
+    holder.release()
+
+
+def test_a_crashed_holders_slot_returns_when_its_lease_expires_with_no_one_else_acting(make_lane):
+    lane = make_lane(width=1, lease_seconds=0.4)
+    crashed = make_lane(width=1, lease_seconds=0.4, provision=False)
+    started = time.monotonic()
+    dead = crashed.acquire(I, 1.0)
+    close_hubs(crashed.client)  # the holder's process "dies": no more renewals
+    permit = lane.acquire(I, 5.0)  # nobody releases: the waiter's own hub reaps at expiry
+    waited = time.monotonic() - started
+    assert 0.4 <= waited < 1.5
+    assert permit.generation > dead.generation
+    assert lane.stats().expired == 1
+    permit.release()
+
+
+def test_a_refused_renewal_sets_lost_and_check_raises(make_lane):
+    lane = make_lane(width=1, lease_seconds=0.3)
+    permit = lane.acquire(I, 1.0)
+    permit.check()
+    # Someone (an operator, a state loss) removed the holder: the next renewal is refused.
+    lane.client.hdel(LaneKeys(lane.prefix, lane.key).all()[2], permit.holder_id)
+    assert permit.lost.wait(2.0)
+    with pytest.raises(LeaseLost):
+        permit.check()
+    assert permit.release() is False
+
+
+def test_long_holds_are_renewed_in_the_background(make_lane):
+    lane = make_lane(width=1, lease_seconds=0.2)
+    permit = lane.acquire(I, 1.0)
+    time.sleep(1.0)  # five leases
+    assert not permit.lost.is_set()
+    permit.check()
+    assert lane.stats().expired == 0
+    assert permit.release() is True
+
+
+def test_a_crashed_waiter_never_strands_a_slot(make_lane):
+    lane = make_lane(width=1, lease_seconds=0.3)
+    ghost = make_lane(width=1, lease_seconds=0.3, provision=False)
+    holder = lane.acquire(I, 1.0)
+    hub = ghost._start_hub()
+    assert ghost._acquire_call(hub, "ghost", I, -1, try_only=False)[0] == "queued"
+    close_hubs(ghost.client)  # the waiter's process dies: no renewals, nobody hears the doorbell
+    time.sleep(0.4)
+    holder.release()
+    assert lane.stats().in_flight == 0, "the slot must not go to a waiter nobody listens for"
+    permit = lane.acquire(I, 1.0)
+    permit.release()
+
+
+def test_resize_grows_at_once_for_waiters_and_a_shrink_drains(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(I, 1.0)
+    results = {}
+    threads = [start_waiter(lane, I, results=results, name=i)[0] for i in range(2)]
+    wait_queued(lane, 2)
+    assert lane.resize(3) == 1
+    for thread in threads:
+        thread.join(5)
+    assert lane.stats().in_flight == 3
+    assert lane.resize(1) == 3
+    assert lane.stats().in_flight == 3, "a shrink revokes nobody"
+    results[0].release()
+    results[1].release()
+    assert lane.try_acquire(I) is None, "still one holder at width 1"
+    holder.release()
+    assert lane.try_acquire(I) is not None
+
+
+def test_statistics_and_forecast(make_lane):
+    lane = make_lane(width=2)
+    assert lane.forecast(I) == 0.0
+    a, b = lane.acquire(I, 1.0), lane.acquire(I, 1.0)
+    assert lane.forecast(I) is None, "no hold measured yet"
+    time.sleep(0.1)
+    a.release()
+    a = lane.acquire(I, 1.0)
+    stats = lane.stats()
+    hold = stats.mean_hold_seconds
+    assert 0.08 < hold < 1.0
+    results = {}
+    threads = [start_waiter(lane, B, results=results, name="b")[0]]
+    wait_queued(lane, 1)
+    threads.append(start_waiter(lane, I, results=results, name="i")[0])
+    wait_queued(lane, 2)
+    assert lane.forecast(I) == pytest.approx((1 + 1) / 2 * hold)
+    assert lane.forecast(B) == pytest.approx((2 + 1) / 2 * hold)
+    stats = lane.stats()
+    assert stats.queued == {I: 1, U: 0, B: 1}
+    a.release()
+    b.release()
+    for thread in threads:
+        thread.join(5)
+    stats = lane.stats()
+    assert stats.grants == 5 and stats.wait_p95_seconds > 0
+    assert stats.wait_p50_by_priority[B] is not None
+    for permit in results.values():
+        permit.release()
+
+
+def test_state_loss_admits_no_one_for_a_lease_and_holders_re_register(make_lane):
+    lane = make_lane(width=2, lease_seconds=0.6)
+    a, b = lane.acquire(I, 1.0), lane.acquire(I, 1.0)
+    lane.client.flushdb()  # Redis forgot everything
+    time.sleep(0.05)
+    assert lane.try_acquire(I) is None, "quiet period: nothing new"
+    deadline = time.monotonic() + 2
+    while lane.stats().in_flight < 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert lane.stats().in_flight == 2, "live holders re-registered by renewal"
+    assert not a.lost.is_set() and not b.lost.is_set()
+    with pytest.raises(AcquireTimeout):
+        lane.acquire(I, 1.0)  # the lane is full with the re-registered holders
+    a.release()
+    c = lane.acquire(I, 1.0)
+    assert c.generation.epoch > a.generation.epoch
+    b.release()
+    c.release()
+
+
+def test_a_callable_width_is_asked_only_when_state_must_be_created(make_lane):
+    calls = []
+
+    def owner() -> int:
+        calls.append(1)
+        return 3
+
+    lane = make_lane(width=owner, provision=False, lease_seconds=0.3)
+    permit = lane.acquire(I, 2.0)  # no state: created (quiet for one lease), then granted
+    assert calls, "the owner was asked for the width"
+    assert lane.stats().width == 3
+    count = len(calls)
+    permit.release()
+    lane.try_acquire(I).release()
+    assert len(calls) == count
+
+
+def test_noscript_is_handled_after_a_script_flush(make_lane):
+    lane = make_lane(width=1)
+    lane.acquire(I, 1.0).release()
+    lane.client.script_flush()
+    lane.acquire(I, 1.0).release()
+
+
+def test_unreachable_redis_fails_with_a_typed_error_in_bounded_time():
+    from lanes.embedded import free_port
+
+    client = redis.Redis(port=free_port(), socket_timeout=0.5, socket_connect_timeout=0.5)
+    lane = Lane(client, "pool:gone", width=1)
+    started = time.monotonic()
+    with pytest.raises(RedisUnavailable):
+        lane.acquire(I, 30.0)
+    assert time.monotonic() - started < 10.0
+    close_hubs(client)
+
+
+def test_eviction_policy_other_than_noeviction_is_warned(make_lane, caplog, one_redis_url):
+    client = redis.Redis.from_url(one_redis_url)
+    client.config_set("maxmemory-policy", "allkeys-lru")
+    try:
+        with caplog.at_level(logging.WARNING, logger="lanes.lane"):
+            lane = make_lane(width=1, client=client)
+            lane.acquire(I, 1.0).release()
+        assert any("noeviction" in record.message for record in caplog.records)
+    finally:
+        client.config_set("maxmemory-policy", "noeviction")
+        close_hubs(client)
+        client.close()
+
+
+def test_bad_arguments_are_refused_with_the_value(make_lane):
+    client = redis.Redis()
+    with pytest.raises(InvalidInput, match="pool:{x}"):
+        Lane(client, "pool:{x}", width=1)
+    with pytest.raises(InvalidInput, match="-1"):
+        Lane(client, "pool:1", width=-1)
+    with pytest.raises(InvalidInput, match="renew_seconds"):
+        Lane(client, "pool:1", width=1, lease_seconds=1.0, renew_seconds=2.0)
+    lane = make_lane(width=1)
+    with pytest.raises(InvalidInput, match="urgent"):
+        lane.acquire("urgent", 1.0)
+
+
+def test_generation_orders_by_epoch_then_counter():
+    assert Generation(2, 1) > Generation(1, 99)
+    assert str(Generation(5, 7)) == "5:7"

@@ -1,0 +1,195 @@
+"""A hypothesis state machine: the lane's scripts against a pure-Python model.
+
+The machine drives the scripts directly (waiters are synthetic ids, their
+doorbells are read from a subscribed channel), so every interleaving of
+acquire / release / cancel / timeout / resize / expiry is explored without
+threads. Leases are long (60 s) so nothing expires unless a rule says so;
+"expiry" moves a holder's lease deadline into the past, as a crash would.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import redis
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+from lanes.lane._lua import scripts_for
+from lanes.lane.keys import LaneKeys
+
+LEASE_MS = 60_000
+CHANNEL = "lanes:test:wake:model"
+
+
+class Model:
+    """What the lane must do, with no Redis: width, holders, a priority queue."""
+
+    def __init__(self, width: int) -> None:
+        self.width = width
+        self.holders: set[str] = set()
+        self.queue: list[tuple[int, int, str]] = []  # (priority, arrival, id)
+        self.arrivals = itertools.count()
+
+    def fill(self) -> list[str]:
+        granted = []
+        self.queue.sort()
+        while len(self.holders) < self.width and self.queue:
+            _, _, wid = self.queue.pop(0)
+            self.holders.add(wid)
+            granted.append(wid)
+        return granted
+
+    def acquire(self, wid: str, priority: int) -> str:
+        if len(self.holders) < self.width and not self.queue:
+            self.holders.add(wid)
+            return "granted"
+        self.queue.append((priority, next(self.arrivals), wid))
+        return "queued"
+
+    def release(self, wid: str) -> list[str]:
+        self.holders.discard(wid)
+        return self.fill()
+
+    def leave(self, wid: str) -> tuple[str, list[str]]:
+        for entry in self.queue:
+            if entry[2] == wid:
+                self.queue.remove(entry)
+                return "left", []
+        if wid in self.holders:
+            self.holders.discard(wid)
+            return "returned", self.fill()
+        return "gone", []
+
+
+class LaneMachine(RuleBasedStateMachine):
+    url: str = ""
+
+    @initialize(width=st.integers(min_value=0, max_value=3))
+    def setup(self, width):
+        self.client = redis.Redis.from_url(self.url, decode_responses=True)
+        self.client.flushdb()
+        self.keys = LaneKeys("lanes:test", "pool:model").all()
+        self.scripts = scripts_for(self.client)
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.subscribe(CHANNEL)
+        self.pubsub.get_message(timeout=1.0)  # confirmation
+        self.scripts["provision"](keys=self.keys, args=[width])
+        self.model = Model(width)
+        self.ids = itertools.count()
+        self.generations: dict[str, tuple[int, int]] = {}
+        self.last_generation = (0, 0)
+        self.max_width_since = width
+
+    def teardown(self):
+        if hasattr(self, "pubsub"):
+            self.pubsub.close()
+            self.client.close()
+
+    def run(self, name, args):
+        return self.scripts[name](keys=self.keys, args=args)
+
+    def doorbells(self) -> list[str]:
+        # Doorbells published by a script are delivered before a message
+        # published after it: read up to our own sentinel, no sleeping.
+        self.client.publish(CHANNEL, "end")
+        rung = []
+        while True:
+            message = self.pubsub.get_message(timeout=2.0)
+            assert message is not None, "the sentinel did not arrive"
+            if message["type"] == "message":
+                if message["data"] == "end":
+                    return rung
+                wid, epoch, counter = message["data"].split(" ")
+                self.note_generation(wid, int(epoch), int(counter))
+                rung.append(wid)
+
+    def note_generation(self, wid, epoch, counter):
+        generation = (epoch, counter)
+        assert generation > self.last_generation, "generations strictly increase"
+        self.last_generation = generation
+        self.generations[wid] = generation
+
+    @rule(priority=st.integers(min_value=0, max_value=2))
+    def acquire(self, priority):
+        wid = f"w{next(self.ids)}"
+        reply = self.run("acquire", [wid, priority, -1, LEASE_MS, "", CHANNEL, "0", "1"])
+        expected = self.model.acquire(wid, priority)
+        assert reply[0] == expected
+        if expected == "granted":
+            self.note_generation(wid, int(reply[1]), int(reply[2]))
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.model.holders)
+    def release(self, data):
+        wid = data.draw(st.sampled_from(sorted(self.model.holders)))
+        epoch, counter = self.generations[wid]
+        reply = self.run("release", [wid, epoch, counter, LEASE_MS])
+        assert reply[0] == 1
+        assert self.doorbells() == self.model.release(wid), "handoff goes to the model's head waiters, in order"
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.generations)
+    def stale_release(self, data):
+        wid = data.draw(st.sampled_from(sorted(self.generations)))
+        epoch, counter = self.generations[wid]
+        before = self.client.zcard(self.keys[1])
+        reply = self.run("release", [wid, epoch, counter - 1, LEASE_MS])
+        assert reply[0] == 0 and self.client.zcard(self.keys[1]) == before
+
+    @rule(data=st.data(), reason=st.sampled_from(["timeouts", "cancels"]))
+    @precondition(lambda self: self.model.queue or self.model.holders)
+    def leave(self, data, reason):
+        # A waiter gives up: queued ones leave; one granted "in the same instant"
+        # (a holder that never saw its doorbell) gives the slot back.
+        candidates = sorted([e[2] for e in self.model.queue] + sorted(self.model.holders))
+        wid = data.draw(st.sampled_from(candidates))
+        reply = self.run("leave", [wid, reason, LEASE_MS])
+        expected, granted = self.model.leave(wid)
+        assert reply == expected
+        assert self.doorbells() == granted
+
+    @rule(width=st.integers(min_value=0, max_value=4))
+    def resize(self, width):
+        old, more = self.run("resize", [width, LEASE_MS])
+        assert old == self.model.width and more == 0
+        self.model.width = width
+        self.max_width_since = width if len(self.model.holders) <= width else self.max_width_since
+        assert self.doorbells() == self.model.fill()
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.model.holders)
+    def expire(self, data):
+        # The holder crashed and its lease ran out: the next call reaps it.
+        wid = data.draw(st.sampled_from(sorted(self.model.holders)))
+        self.client.zadd(self.keys[1], {wid: 1})
+        reply = self.run("renew", [LEASE_MS, ""])
+        self.model.holders.discard(wid)
+        assert self.doorbells() == self.model.fill()
+        assert reply[0] == str(self.last_generation[0])
+
+    @rule(data=st.data())
+    @precondition(lambda self: self.model.holders)
+    def renew_after_expiry_is_refused(self, data):
+        wid = data.draw(st.sampled_from(sorted(self.model.holders)))
+        epoch, counter = self.generations[wid]
+        codes = self.run("renew", [LEASE_MS, "", "h", wid, epoch, counter, 0])[3:]
+        assert codes == ["ok"]
+
+    @invariant()
+    def matches_the_model(self):
+        if not hasattr(self, "model"):
+            return
+        holders = set(self.client.zrange(self.keys[1], 0, -1))
+        queue = self.client.zrange(self.keys[3], 0, -1)
+        assert holders == self.model.holders
+        assert queue == [e[2] for e in sorted(self.model.queue)]
+        # Never more than W, except holders admitted before a shrink (they drain).
+        assert len(holders) <= max(self.model.width, self.max_width_since)
+        if len(holders) <= self.model.width:
+            self.max_width_since = self.model.width
+
+
+def test_the_lane_matches_its_model(redis_url):
+    LaneMachine.url = redis_url
+    LaneMachine.TestCase().runTest()

@@ -1,0 +1,43 @@
+"""The scripts as shipped: headers, key layout, exports."""
+
+from __future__ import annotations
+
+from importlib import resources
+
+import pytest
+
+import lanes
+import lanes.lane
+from lanes.lane._lua import NAMES, script_text
+from lanes.lane.keys import LaneKeys, lane_of_meta, meta_pattern
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_every_script_opens_with_a_header_naming_its_keys_and_argv(name):
+    body = (resources.files("lanes.lane") / "scripts" / f"{name}.lua").read_text()
+    head = body.split("\n\n")[0]
+    assert head.startswith(f"-- {name}.lua:")
+    assert "KEYS" in head and "ARGV[1]" in head
+    assert "KEYS[" not in body.replace("KEYS: ", ""), "keys come from lib.lua's names, never built"
+    assert script_text(name).startswith("-- lib.lua")
+
+
+def test_every_key_of_a_lane_shares_one_hash_tag_and_the_prefix_is_versioned():
+    keys = LaneKeys("lanes:v1", "pool:42").all()
+    assert len(keys) == 7 and all(k.startswith("lanes:v1:{pool:42}:") for k in keys)
+    assert lane_of_meta("lanes:v1", keys[0]) == "pool:42"
+    assert meta_pattern("lanes:v1") == "lanes:v1:{*}:meta"
+
+
+def test_the_public_names_are_exported_from_lanes():
+    for name in lanes.lane.__all__:
+        if name != "scan_lane_keys":
+            assert name in lanes.__all__ and getattr(lanes, name) is getattr(lanes.lane, name)
+
+
+def test_scan_lane_keys_lists_every_lane(make_lane):
+    from lanes.lane import scan_lane_keys
+
+    make_lane("pool:a")
+    lane = make_lane("pool:b")
+    assert scan_lane_keys(lane.client, lane.prefix) == ["pool:a", "pool:b"]
