@@ -26,7 +26,23 @@ from lanes.settings import Settings, load_settings
 
 __version__ = "0.1.0"
 
+# Submitting needs Celery and the catalog; import them only when first used so
+# that `import lanes` stays light for code that only wants a Lane.
+_LAZY = {"submit": "lanes.routing.client", "LanesClient": "lanes.routing.client"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'lanes' has no attribute {name!r}")
+
 __all__ = [
+    "LanesClient",
+    "submit",
     "AcquireCancelled",
     "AcquireTimeout",
     "AsyncLane",

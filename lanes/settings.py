@@ -60,6 +60,11 @@ class Settings(BaseSettings):
     events_max: int = Field(default=100_000, ge=100)
     events_enabled: bool = True
 
+    def __init__(self, **values) -> None:
+        # Keyword-only: a positional argument would land in pydantic-settings'
+        # own private parameters and be silently misread.
+        super().__init__(**values)
+
     @field_validator("key_prefix")
     @classmethod
     def _prefix_has_no_braces(cls, value: str) -> str:

@@ -110,10 +110,10 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
         except AcquireCancelled:
             if cancellation.reason == "revoked":
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
-                raise Ignore()
-            raise Reject("worker shutting down during a lane wait", requeue=True)
+                raise Ignore() from None
+            raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
-            raise Reject(str(exc), requeue=True)
+            raise Reject(str(exc), requeue=True) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
             if _may_retry(request, task.request.retries, countdown):

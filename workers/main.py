@@ -23,11 +23,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hostname", default=None)
     args = parser.parse_args(argv)
     logging.basicConfig(level=args.loglevel, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if logging.getLevelName(args.loglevel) >= logging.WARNING:
+        # Celery logs every rejected-and-requeued task at WARNING with a
+        # traceback; for Lanes that is routine (a background message handed
+        # back, a wait given up at shutdown), not a warning.
+        logging.getLogger("celery.app.trace").setLevel(logging.ERROR)
 
     foreground, background = fleet_queues(args.fleet)
     app = create_app(load_settings(), background_limit=args.background_limit, background_queue=background)
     app.worker_main(
         [
+            "--quiet",
             "worker",
             "--pool", "threads",
             "--concurrency", str(args.concurrency),

@@ -69,6 +69,8 @@ class LanesClient:
             raise InvalidInput(f"workflow {workflow!r} has no candidate models; add one to the catalog")
         chosen = route.priority if priority is None else Priority.parse(priority)
         now = time.time()
+        if deadline is None and route.default_deadline_seconds is not None:
+            deadline = route.default_deadline_seconds
         request = RouteRequest(
             task_id=str(uuid.uuid4()),
             workflow=workflow,

@@ -14,22 +14,78 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import redis
 
 from lanes.catalog import apply_document, load_routing, open_catalog
 from lanes.routing.client import LanesClient
 from lanes.routing.runtime import pool_lane, provision_lanes
 from lanes.settings import Settings
-from lanes.sim import SimModel, Simulator
+from lanes.sim import Simulator
+
+
+class RemoteSim:
+    """``lanes sim`` in a process of its own, driven over its admin HTTP API.
+
+    Benchmarks use it so the simulator never shares a GIL with the load.
+    """
+
+    def __init__(self, model_specs: list[str], *, extra_args: tuple[str, ...] = ()) -> None:
+        from lanes.embedded import free_port
+
+        self.port = free_port()
+        args = [sys.executable, "-m", "lanes.cli", "sim", "--port", str(self.port), *extra_args]
+        for spec in model_specs:
+            args += ["--model", spec]
+        self._proc = subprocess.Popen(args, stdout=subprocess.DEVNULL)
+        self._http = httpx.Client(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                self._http.get(self.url + "/admin/stats").raise_for_status()
+                return
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        self.stop()
+        raise RuntimeError("lanes sim did not start within 30 s")
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def base_url(self) -> str:
+        return self.url + "/v1"
+
+    def start(self) -> "RemoteSim":
+        return self
+
+    def stats(self) -> dict:
+        return self._http.get(self.url + "/admin/stats").json()
+
+    def configure(self, name: str, **changes) -> dict:
+        return self._http.post(f"{self.url}/admin/models/{name}", json=changes).json()
+
+    def reset(self, *, config: bool = False) -> None:
+        self._http.post(self.url + "/admin/reset", json={"config": config})
+
+    def stop(self) -> None:
+        self._proc.terminate()
+        try:
+            self._proc.wait(10)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+        self._http.close()
 
 
 @dataclass
 class Deployment:
     settings: Settings
     redis_url: str
-    sim: Simulator
+    sim: "Simulator | RemoteSim"
     client: LanesClient
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
+    owns_sim: bool = True
 
     @property
     def env(self) -> dict[str, str]:
@@ -39,6 +95,8 @@ class Deployment:
             LANES_REDIS_URL=self.redis_url,
             LANES_DATABASE_URL=self.settings.catalog_url(),
             LANES_LEASE_SECONDS=str(self.settings.lease_seconds),
+            LANES_EVENTS_ENABLED=str(self.settings.events_enabled).lower(),
+            LANES_WORKERS_PER_LANE=str(self.settings.workers_per_lane),
         )
         return env
 
@@ -96,14 +154,21 @@ class Deployment:
         for fleet in list(self.workers):
             self.stop_worker(fleet)
         self.client.close()
-        self.sim.stop()
+        if self.owns_sim:
+            self.sim.stop()
 
 
-def deploy(state_dir: Path, redis_url: str, document: dict, sim_models: list[SimModel], fleets,
-           *, lease_seconds: float = 10.0) -> Deployment:
-    """Apply ``document`` (with ``{sim}`` in base URLs), start the simulator and the fleets' workers."""
-    sim = Simulator(sim_models, host="127.0.0.1", port=0)
-    sim.start()
+def deploy(state_dir: Path, redis_url: str, document: dict, sim_models, fleets,
+           *, lease_seconds: float = 10.0, **settings_overrides) -> Deployment:
+    """Apply ``document`` (with ``{sim}`` in base URLs), start the simulator and the fleets' workers.
+
+    ``sim_models`` is a list of SimModel (simulator in this process) or a RemoteSim.
+    """
+    if isinstance(sim_models, RemoteSim):
+        sim = sim_models
+    else:
+        sim = Simulator(sim_models, host="127.0.0.1", port=0)
+        sim.start()
     for model in document.get("models", []):
         model["base_url"] = model["base_url"].replace("{sim}", sim.base_url)
     settings = Settings(
@@ -111,11 +176,13 @@ def deploy(state_dir: Path, redis_url: str, document: dict, sim_models: list[Sim
         redis_url=redis_url,
         database_url=f"sqlite:///{state_dir / 'catalog.db'}",
         lease_seconds=lease_seconds,
+        **settings_overrides,
     )
     engine = open_catalog(settings)
     apply_document(engine, document)
     provision_lanes(redis.Redis.from_url(redis_url), settings, load_routing(engine))
-    deployment = Deployment(settings, redis_url, sim, LanesClient(settings, redis_url=redis_url))
+    deployment = Deployment(settings, redis_url, sim, LanesClient(settings, redis_url=redis_url),
+                            owns_sim=not isinstance(sim_models, RemoteSim))
     try:
         for fleet in fleets:
             deployment.start_worker(fleet)

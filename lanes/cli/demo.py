@@ -1,0 +1,24 @@
+"""``lanes demo``: the whole product on embedded defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from lanes.cli.common import pass_settings
+
+
+@click.command(name="demo")
+@click.option("--requests", type=click.IntRange(10, 5000), default=160, show_default=True,
+              help="How many requests the mixed workload sends.")
+@click.option("--catalog", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Catalog file to apply and simulate (default: examples/aifarm.toml).")
+@pass_settings
+def command(settings, requests, catalog) -> None:
+    """Apply the example fleet, simulate it, run a worker per fleet and a mixed workload."""
+    from lanes.demo import run_demo
+
+    report = run_demo(settings, requests=requests, catalog=catalog)
+    if report.over_admitted or report.failures:
+        raise SystemExit(1)

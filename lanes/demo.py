@@ -1,0 +1,293 @@
+"""The product's main job on embedded defaults, end to end.
+
+Starts (or attaches to) the embedded Redis, applies the example fleet to the
+catalog, serves it with the simulator, runs a worker per fleet, sends a mixed
+workload (interactive, user tool, background) and prints, per pool, how many
+requests it served, how long they waited in its lane, how often it was passed
+over, and the highest concurrency the simulated backend saw against the width.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from lanes.catalog import apply_document, load_routing, open_catalog, read_document
+from lanes.celery_client import HOSTED_FLEET
+from lanes.priority import Priority
+from lanes.redis_conn import connect, resolve_redis_url
+from lanes.routing.client import LanesClient
+from lanes.routing.events import EventLog
+from lanes.settings import Settings
+
+EXAMPLE_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "aifarm.toml"
+
+CHAT = {"messages": [{"role": "user", "content": "Summarise the last hour of this chat."}], "max_tokens": 16}
+EMBED = {"input": ["a memory worth keeping", "another one"]}
+
+# (workflow, priority override, deadline seconds or None, share of the workload)
+WORKLOAD = [
+    ("memory_extraction", None, None, 0.22),
+    ("subject_merge", None, None, 0.06),
+    ("dialog", None, None, 0.24),
+    ("history_summary", None, 60.0, 0.08),
+    ("youtube", None, 60.0, 0.04),
+    ("speech_recognition", None, 60.0, 0.05),
+    ("image", None, 90.0, 0.04),
+    ("music", None, 90.0, 0.03),
+    ("embeddings", "background", None, 0.10),
+    ("embeddings", None, 30.0, 0.06),
+    ("redaction", None, 30.0, 0.08),
+]
+
+
+@dataclass
+class Submitted:
+    workflow: str
+    priority: Priority
+    result: object
+    started: float
+    done: bool = False
+    ok: bool = False
+    seconds: float = 0.0
+
+
+@dataclass
+class DemoReport:
+    pools: list[dict] = field(default_factory=list)
+    priorities: dict[str, dict] = field(default_factory=dict)
+    failures: int = 0
+    over_admitted: bool = False
+
+
+def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = None, seed: int = 7,
+             console: Console | None = None) -> DemoReport:
+    console = console or Console(width=100)
+    catalog = catalog or EXAMPLE_CATALOG
+    started_redis = not settings.redis_url and not _embedded_running(settings)
+    redis_url = resolve_redis_url(settings)
+    console.print(f"[bold]Lanes demo[/] · Redis {redis_url} · catalog {settings.catalog_url()}")
+
+    engine = open_catalog(settings)
+    changes = apply_document(engine, read_document(catalog))
+    table = load_routing(engine)
+    console.print(f"applied {catalog.name}: {len(table.pools)} pools, {len(table.models)} models, "
+                  f"{len(table.workflows)} workflows ({len(changes.changes)} changes)")
+    _provision(settings, redis_url, table, started_redis or not changes.empty)
+
+    from lanes.sim import SimModel, Simulator, catalog_models
+
+    # Short service times so the whole demo takes well under a minute.
+    template = SimModel(name="_", ttft_ms=40.0, per_token_ms=8.0, tokens=12, embedding_ms=30.0)
+    served = catalog_models(catalog, template).models
+    ports = sorted({m.port for m in served if m.port is not None})
+    sim = Simulator(served, host="127.0.0.1", port=ports[0] if ports else 8700)
+    sim.start()
+    console.print(f"simulator serving {len(sim.stats())} models at {sim.url}")
+
+    fleets = sorted({r.fleet or HOSTED_FLEET for r in table.workflows.values() if r.candidates})
+    workers = _start_workers(settings, fleets)
+    client = LanesClient(settings, redis_url=redis_url)
+    try:
+        _wait_for_workers(client, fleets, console)
+        since = time.time()
+        submitted = _send_workload(client, requests, seed)
+        _follow(submitted, console)
+        report = _summarise(settings, redis_url, table, sim.stats(), submitted, since)
+        _print_report(report, console)
+        return report
+    finally:
+        client.close()
+        _stop_workers(workers)
+        sim.stop()
+        if started_redis:
+            from lanes.embedded import EmbeddedRedis
+
+            EmbeddedRedis(settings.state_dir / "redis").stop()
+
+
+def _provision(settings: Settings, redis_url: str, table, nobody_holds: bool) -> None:
+    """Skip the lanes' quiet period when nobody can hold a slot yet: this demo
+    started Redis itself, or has just created the pools."""
+    if not nobody_holds:
+        return
+    from lanes.routing.runtime import provision_lanes
+
+    client = connect(redis_url)
+    try:
+        provision_lanes(client, settings, table)
+    finally:
+        client.close()
+
+
+def _embedded_running(settings: Settings) -> bool:
+    from lanes.embedded import EmbeddedRedis
+
+    return EmbeddedRedis(settings.state_dir / "redis").is_running()
+
+
+def _start_workers(settings: Settings, fleets: list[str]) -> list[subprocess.Popen]:
+    env = os.environ.copy()
+    env["LANES_STATE_DIR"] = str(settings.state_dir)
+    if settings.redis_url:
+        env["LANES_REDIS_URL"] = settings.redis_url
+    logs = settings.state_dir / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    procs = []
+    for fleet in fleets:
+        with open(logs / f"worker-{fleet}.log", "ab") as log:
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "workers.supervisor", "--fleet", fleet, "--poll-seconds", "2"],
+                env=env, stdout=log, stderr=subprocess.STDOUT,
+            ))
+    return procs
+
+
+def _stop_workers(workers: list[subprocess.Popen]) -> None:
+    for proc in workers:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    for proc in workers:
+        try:
+            proc.wait(40)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _wait_for_workers(client: LanesClient, fleets: list[str], console: Console, timeout: float = 90.0) -> None:
+    wanted = set(fleets)
+    deadline = time.monotonic() + timeout
+    console.print(f"starting {len(fleets)} fleet workers: {', '.join(fleets)} (logs in {client.settings.state_dir / 'logs'})")
+    with console.status("waiting for the workers"):
+        while time.monotonic() < deadline:
+            replies = client.celery.control.ping(timeout=0.5) or []
+            seen = {name.split("@", 1)[0] for reply in replies for name in reply}
+            if wanted <= seen:
+                console.print(f"{len(wanted)} fleet workers ready")
+                return
+            time.sleep(0.3)
+    raise RuntimeError(f"fleet workers did not start within {timeout:.0f}s: missing {sorted(wanted - seen)}")
+
+
+def _send_workload(client: LanesClient, total: int, seed: int) -> list[Submitted]:
+    rng = random.Random(seed)
+    table = client.table()
+    plan: list[tuple[str, str | None, float | None]] = []
+    for workflow, priority, deadline, share in WORKLOAD:
+        if workflow in table.workflows:
+            plan += [(workflow, priority, deadline)] * max(1, round(total * share))
+    # Background first, as an hourly memory run would arrive, then the rest mixed in.
+    background = [p for p in plan if _priority(table, p) is Priority.BACKGROUND]
+    others = [p for p in plan if _priority(table, p) is not Priority.BACKGROUND]
+    rng.shuffle(others)
+    submitted = []
+    for workflow, priority, deadline in background + others:
+        route = table.workflows[workflow]
+        payload = EMBED if route.candidates[0].kind == "embedding" else CHAT
+        result = client.submit(workflow, payload, priority=priority, deadline=deadline)
+        submitted.append(Submitted(workflow, _priority(table, (workflow, priority, deadline)), result, time.monotonic()))
+    return submitted
+
+
+def _priority(table, item) -> Priority:
+    workflow, priority, _ = item
+    return Priority.parse(priority) if priority else table.workflows[workflow].priority
+
+
+def _follow(submitted: list[Submitted], console: Console, timeout: float = 300.0) -> None:
+    columns = [TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+    with Progress(*columns, console=console) as progress:
+        bars = {
+            p: progress.add_task(p.label, total=sum(1 for s in submitted if s.priority is p))
+            for p in Priority
+        }
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and not all(s.done for s in submitted):
+            for s in submitted:
+                if not s.done and s.result.ready():
+                    s.done, s.ok = True, s.result.successful()
+                    s.seconds = time.monotonic() - s.started
+                    progress.advance(bars[s.priority])
+            time.sleep(0.1)
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+
+
+def _summarise(settings, redis_url, table, sim_stats, submitted, since) -> DemoReport:
+    client = connect(redis_url)
+    try:
+        log = EventLog(client, prefix=settings.key_prefix)
+        waits = log.list(kind="lane_wait", since=since, limit=100_000)
+        bypasses = log.list(kind="lane_bypass", since=since, limit=100_000)
+    finally:
+        client.close()
+    report = DemoReport()
+    for pool in sorted(table.pools.values(), key=lambda p: p.name):
+        pool_waits = [e.detail.get("wait_ms", 0.0) for e in waits if e.pool == pool.name]
+        models = [m.name for m in table.models.values() if m.pool and m.pool.name == pool.name]
+        seen = max((sim_stats.get(m, {}).get("pool_max_in_flight", sim_stats.get(m, {}).get("max_in_flight", 0))
+                    for m in models), default=0)
+        report.pools.append({
+            "pool": pool.name,
+            "width": pool.width,
+            "requests": len(pool_waits),
+            "wait_p50_ms": _percentile(pool_waits, 50),
+            "wait_p95_ms": _percentile(pool_waits, 95),
+            "bypasses": sum(1 for e in bypasses if e.pool == pool.name),
+            "max_concurrency": seen,
+        })
+        report.over_admitted |= seen > pool.width
+    for p in Priority:
+        mine = [s for s in submitted if s.priority is p]
+        times = [s.seconds for s in mine if s.ok]
+        report.priorities[p.label] = {
+            "requests": len(mine),
+            "ok": len(times),
+            "p50_s": _percentile(times, 50),
+            "p95_s": _percentile(times, 95),
+        }
+    report.failures = sum(1 for s in submitted if not s.ok)
+    return report
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.0f}" if isinstance(value, float) else str(value)
+
+
+def _print_report(report: DemoReport, console: Console) -> None:
+    pools = Table(title="per pool (waits in ms; peak = highest concurrency the backend saw)")
+    pools.add_column("pool", no_wrap=True)
+    for column in ("width", "reqs", "wait p50", "wait p95", "bypass", "peak"):
+        pools.add_column(column, justify="right", no_wrap=True)
+    for row in report.pools:
+        flag = "" if row["max_concurrency"] <= row["width"] else " [red]OVER WIDTH[/]"
+        pools.add_row(row["pool"], str(row["width"]), str(row["requests"]), _fmt(row["wait_p50_ms"]),
+                      _fmt(row["wait_p95_ms"]), str(row["bypasses"]), f"{row['max_concurrency']}{flag}")
+    console.print(pools)
+    prios = Table(title="per priority (submit to answer)")
+    for column in ("priority", "requests", "ok", "p50 s", "p95 s"):
+        prios.add_column(column)
+    for label, row in report.priorities.items():
+        prios.add_row(label, str(row["requests"]), str(row["ok"]),
+                      "-" if row["p50_s"] is None else f"{row['p50_s']:.2f}",
+                      "-" if row["p95_s"] is None else f"{row['p95_s']:.2f}")
+    console.print(prios)
+    verdict = "no backend ever saw more than its width" if not report.over_admitted else "a backend saw more than its width"
+    console.print(f"{report.failures} failed · {verdict}")
