@@ -242,8 +242,7 @@ def _summarise(settings, redis_url, table, sim_stats, submitted, since) -> DemoR
     for pool in sorted(table.pools.values(), key=lambda p: p.name):
         pool_waits = [e.detail.get("wait_ms", 0.0) for e in waits if e.pool == pool.name]
         models = [m.name for m in table.models.values() if m.pool and m.pool.name == pool.name]
-        seen = max((sim_stats.get(m, {}).get("pool_max_in_flight", sim_stats.get(m, {}).get("max_in_flight", 0))
-                    for m in models), default=0)
+        seen = max((sim_stats[m]["device_max_in_flight"] for m in models if m in sim_stats), default=0)
         report.pools.append({
             "pool": pool.name,
             "width": pool.width,

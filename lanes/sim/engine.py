@@ -86,8 +86,28 @@ class Ticket:
     grant: asyncio.Future | None = None
 
 
+class Device:
+    """Requests in flight on one device, over every model it serves."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    def arrive(self) -> None:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+
+    def leave(self) -> None:
+        self.in_flight -= 1
+
+    def reset(self) -> None:
+        self.max_in_flight = self.in_flight
+
+
 class ModelEngine:
-    def __init__(self, model: SimModel) -> None:
+    def __init__(self, model: SimModel, device: Device | None = None) -> None:
+        self.device = device
         self.initial = model
         self.model = model
         self.rng = new_rng(model)
@@ -146,6 +166,8 @@ class ModelEngine:
         ticket = Ticket()
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        if self.device is not None:
+            self.device.arrive()
         return ticket
 
     def injected_failure(self) -> Rejected | None:
@@ -214,6 +236,8 @@ class ModelEngine:
             self._grant_free_slots()
         ticket.state = "done"
         self.in_flight -= 1
+        if self.device is not None:
+            self.device.leave()
         if outcome == "served":
             self.served += 1
         elif outcome == "rejected":
@@ -272,4 +296,7 @@ class ModelEngine:
             "fail_rate": m.fail_rate,
             "hang_next": self.hang_next,
             "port": m.port,
+            "device": self.device.name if self.device else None,
+            "device_in_flight": self.device.in_flight if self.device else self.in_flight,
+            "device_max_in_flight": self.device.max_in_flight if self.device else self.max_in_flight,
         }

@@ -5,17 +5,21 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from lanes.errors import InvalidInput
-from lanes.sim.engine import ModelEngine
+from lanes.sim.engine import Device, ModelEngine
 from lanes.sim.model import SimModel
 
 
 class Fleet:
     def __init__(self, models: Iterable[SimModel]) -> None:
         self.engines: dict[str, ModelEngine] = {}
+        self.devices: dict[str, Device] = {}
         for model in models:
             if model.name in self.engines:
                 raise InvalidInput(f"model {model.name!r} is listed twice")
-            self.engines[model.name] = ModelEngine(model)
+            device = None
+            if model.device is not None:
+                device = self.devices.setdefault(model.device, Device(model.device))
+            self.engines[model.name] = ModelEngine(model, device)
         if not self.engines:
             raise InvalidInput("the simulator needs at least one model")
 
@@ -45,3 +49,5 @@ class Fleet:
             if config:
                 engine.restore()
             engine.reset_counters()
+        for device in self.devices.values():
+            device.reset()

@@ -62,6 +62,9 @@ class SimModel:
     ``metrics_flavor="legacy"`` exports ``vllm:gpu_cache_usage_perc`` and no
     ``num_requests_waiting_by_reason``, like a vLLM older than 0.9.2.
     ``port`` serves the model on its own port instead of the main one.
+    ``device`` names the GPUs the model runs on: models sharing a device are
+    counted together too (``device_max_in_flight``), so a lane that several
+    models share can be checked against its width.
     """
 
     name: str
@@ -88,6 +91,7 @@ class SimModel:
     hang_s: float = 3600.0
     metrics_flavor: MetricsFlavor = "current"
     port: int | None = None
+    device: str | None = None  # models on one device (a pool's GPUs) share its peak count
 
     def __post_init__(self) -> None:
         problems = list(_problems(self))
@@ -103,7 +107,7 @@ class SimModel:
 
 FIELD_NAMES = frozenset(f.name for f in fields(SimModel))
 # Fields that cannot change at runtime: the name is the key, the port is bound.
-FIXED_FIELDS = frozenset({"name", "port"})
+FIXED_FIELDS = frozenset({"name", "port", "device"})
 
 
 def _problems(m: SimModel):

@@ -118,7 +118,7 @@ def catalog_models(path: Path, template: SimModel | None = None) -> CatalogModel
         if pool is not None and pool not in widths:
             raise InvalidInput(f"{path}: {where}.pool: {pool!r} is not a pool in the file (known: {', '.join(sorted(widths))})")
         capacity = widths[pool] if pool is not None else DEFAULT_CAPACITY
-        models.append(replace(base, name=name, kind=kind, capacity=capacity, port=port))
+        models.append(replace(base, name=name, kind=kind, capacity=capacity, port=port, device=pool))
     if not models:
         raise InvalidInput(f"{path}: no model has a base_url on this machine (127.0.0.1 or localhost) to simulate")
     return CatalogModels(models, skipped)

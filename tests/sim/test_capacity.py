@@ -118,3 +118,26 @@ async def test_a_few_hundred_concurrent_connections_are_held(start_sim):
     assert [status for status, _ in answers] == [200] * 300
     stats = sim.stats()["m"]
     assert stats["max_running"] == 16 and stats["served"] == 300
+
+
+def test_models_sharing_a_device_are_also_counted_together():
+    import threading
+
+    import httpx
+
+    from lanes.sim import SimModel, Simulator
+
+    models = [SimModel(name=n, capacity=2, service_ms=150.0, device="gpu1") for n in ("draw", "music")]
+    with Simulator(models + [SimModel(name="solo", capacity=2, service_ms=10.0)], port=0) as sim:
+        def call(name):
+            httpx.post(sim.base_url + "/chat/completions", json={"model": name, "messages": []}, timeout=10)
+
+        threads = [threading.Thread(target=call, args=(n,)) for n in ("draw", "draw", "music")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        stats = sim.stats()
+    assert stats["draw"]["max_in_flight"] == 2 and stats["music"]["max_in_flight"] == 1
+    assert stats["draw"]["device_max_in_flight"] == stats["music"]["device_max_in_flight"] == 3
+    assert stats["solo"]["device"] is None and stats["solo"]["device_max_in_flight"] == 0
