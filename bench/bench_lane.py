@@ -30,6 +30,7 @@ import lane_workers  # noqa: E402
 from lanes import Lane, Priority  # noqa: E402
 from lanes.lane.hub import close_hubs  # noqa: E402
 from lanes.lane.keys import LaneKeys  # noqa: E402
+from lanes.lane.model import Generation, Permit  # noqa: E402
 
 I = Priority.INTERACTIVE
 
@@ -175,15 +176,20 @@ class Bench:
                 lane._script("leave", [f"probe{i}", "timeouts", lane.lease_ms])
                 enqueue_leave.append(time.perf_counter() - t)
                 t = time.perf_counter()  # a release hands the slot to the head waiter
-                lane.release(holder)
+                assert lane.release(holder), "the timed release must release (and hand off)"
                 handoff.append(time.perf_counter() - t)
-                # Put things back outside the timing: the synthetic head returns
-                # the slot to us and rejoins at the tail.
+                # Put things back outside the timing: an interactive waiter of ours
+                # joins ahead of every synthetic (background) one, the synthetic
+                # head releases, and the slot comes back to us.
+                mine = f"mine{i}"
+                assert lane._acquire_call(lane._hub, mine, I, 60_000, try_only=False)[0] == "queued"
                 head = self.client.zrange(keys[1], 0, -1)[0].decode()
                 info = self.client.hget(keys[2], head).decode().split(":")
                 lane._script("release", [head, info[0], info[1], lane.lease_ms])
+                epoch, counter = self.client.hget(keys[2], mine).decode().split(":")[:2]
+                holder = Permit(lane, holder_id=mine, generation=Generation(int(epoch), int(counter)),
+                                priority=I, waited_seconds=0.0, lease_until=time.monotonic() + lane.lease_seconds)
                 self._fill_queue(lane, depth)
-                holder = lane.acquire(I, 5.0) if lane.stats().in_flight == 0 else holder
             results[depth] = (pct(enqueue_leave, 50), pct(handoff, 50), before / depth)
             lane.release(holder)
         (e10, h10, _), (ed, hd, mem) = results[10], results[deep]

@@ -162,7 +162,10 @@ class AsyncLane(LaneBase):
     """The asyncio twin of :class:`lanes.lane.Lane`; every method is awaited."""
 
     async def _script(self, name: str, args: list):
-        return await scripts_for(self.client)[name](keys=self._key_list, args=args)
+        scripts = self._scripts
+        if scripts is None:
+            scripts = self._scripts = scripts_for(self.client)
+        return await scripts[name](keys=self._key_list, args=args)
 
     async def _run(self, name: str, args: list, what: str):
         try:
@@ -171,16 +174,20 @@ class AsyncLane(LaneBase):
             raise unavailable(exc, what) from exc
 
     async def _start_hub(self) -> AsyncHub:
-        hub = _hub_for(self.client, self.prefix)
+        hub = self._hub_cache
+        if hub is None or hub.closed:
+            hub = self._hub_cache = _hub_for(self.client, self.prefix)
+        if hub._tasks:
+            return hub
         try:
             await hub.start()
         except UNAVAILABLE as exc:
             raise unavailable(exc, "subscribing to the wake channel") from exc
         return hub
 
-    async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only) -> tuple:
+    async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False) -> tuple:
         args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                hub.channel, "1" if try_only else "0", self.notify_flag]
+                hub.channel, "1" if try_only else "0", self.notify_flag, "1" if fresh else "0"]
         parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -195,11 +202,11 @@ class AsyncLane(LaneBase):
         return permit
 
     async def try_acquire(self, priority) -> AsyncPermit | None:
-        priority = Priority.parse(priority)
+        priority = self._priority(priority)
         hub = await self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
-        parsed = await self._acquire_call(hub, holder_id, priority, 0, True)
+        parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True)
         if parsed[0] != "granted":
             return None
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
@@ -208,48 +215,61 @@ class AsyncLane(LaneBase):
                       cancel: asyncio.Event | None = None) -> AsyncPermit:
         """See :meth:`lanes.lane.Lane.acquire`. ``async with await lane.acquire(...) as permit:``
         releases on exit. A real coroutine, so ``asyncio.create_task`` takes it."""
-        priority = Priority.parse(priority)
-        self.timeout_ms(timeout)
+        priority = self._priority(priority)
+        timeout_ms = self.timeout_ms(timeout)
         if cancel is not None and cancel.is_set():
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
         hub = await self._start_hub()
         started = time.monotonic()
-        deadline = None if timeout is None else started + timeout
         waiter = Waiter(id=new_id(hub.token), priority=priority)
-        event = asyncio.Event()
-        waiter.wake = event.set
-        relay = asyncio.create_task(self._relay(cancel, event)) if cancel is not None else None
-        hub.book.add_waiter(self, waiter)
-        registered = True
+        # One round trip when a slot is free: the waiter is registered with the
+        # hub only once the script says we wait (the hub keeps an early doorbell).
+        queued = True  # until the first reply says otherwise; then: in the queue, no outcome yet
+        registered = False
+        event = relay = None
         try:
+            parsed = await self._acquire_call(hub, waiter.id, priority, timeout_ms, False, True)
+            deadline = None if timeout is None else started + timeout
             while True:
-                remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-                sent_at = time.monotonic()
-                parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False)
                 if parsed[0] == "granted":
-                    hub.book.remove_waiter(waiter.id)
-                    registered = False
-                    return self._permit(hub, waiter.id, parsed[1], priority, started, sent_at + self.lease_seconds)
+                    queued = False
+                    if registered:
+                        hub.book.remove_waiter(waiter.id)
+                    return self._permit(hub, waiter.id, parsed[1], priority, started, started + self.lease_seconds)
                 waiter.epoch = parsed[1]
+                if not registered:
+                    event = asyncio.Event()
+                    waiter.wake = event.set
+                    if cancel is not None:
+                        relay = asyncio.create_task(self._relay(cancel, event))
+                    hub.book.add_waiter(self, waiter)
+                    registered = True
                 if hub.book.note_event(self, parsed[2], time.monotonic()):
                     hub.changed()
                 hub.replan()
                 outcome = await self._wait(waiter, event, deadline, cancel)
                 if outcome[0] == "granted":
                     hub.book.remove_waiter(waiter.id)
-                    registered = False
+                    queued = False
                     lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
                     return self._permit(hub, waiter.id, outcome[1], priority, started, lease_until)
                 if outcome[0] in ("timeouts", "cancels"):
-                    registered = False
+                    queued = False
                     await self._leave(hub, waiter, outcome[0])
                 if outcome[0] == "unavailable":
-                    registered = False
+                    queued = False
                     hub.book.remove_waiter(waiter.id)
                     raise RedisUnavailable(f"lane {self.key!r}: {outcome[1]}")
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
+                remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                started_call = time.monotonic()
+                parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False)
+                if parsed[0] == "granted":
+                    hub.book.remove_waiter(waiter.id)
+                    queued = False
+                    return self._permit(hub, waiter.id, parsed[1], priority, started, started_call + self.lease_seconds)
         except BaseException:
-            if registered:
+            if queued:
                 # Task cancelled or Redis failed mid-wait: leave the queue,
                 # shielded so the cancellation itself cannot cut the leave short.
                 with contextlib.suppress(AcquireCancelled, AcquireTimeout, RedisUnavailable):
@@ -294,8 +314,9 @@ class AsyncLane(LaneBase):
             raise InvalidInput(f"permit of lane {permit.lane_key!r} released on lane {self.key!r}")
         if not permit._claim_release():
             return False
-        hub = _hub_for(self.client, self.prefix)
-        hub.book.remove_holder(permit._lane, permit.holder_id)
+        owner = permit._lane  # the lane (and so the hub) that renews this permit
+        hub = owner._hub_cache if owner._hub_cache is not None else _hub_for(owner.client, owner.prefix)
+        hub.book.remove_holder(owner, permit.holder_id)
         gen = permit.generation
         reply = await self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
                                 f"releasing on lane {self.key!r}")
@@ -323,7 +344,7 @@ class AsyncLane(LaneBase):
         return self.stats_from(await self._run("peek", [self.lease_ms, 1], f"reading lane {self.key!r}"))
 
     async def forecast(self, priority) -> float | None:
-        priority = Priority.parse(priority)
+        priority = self._priority(priority)
         reply = await self._run("peek", [self.lease_ms, 0], f"reading lane {self.key!r}")
         return self.forecast_from(self.stats_from(reply), priority)
 

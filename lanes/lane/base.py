@@ -65,6 +65,10 @@ class LaneBase:
         if not callable(width):
             self._check_width(width)
         self._width = width
+        # A known width is sent on every acquire: format it once.
+        self._width_text = None if callable(width) else str(width)
+        self._scripts = None  # {name: Script}, looked up once (see _lua.scripts_for)
+        self._hub_cache = None  # this client's hub, looked up once while open
         if not lease_seconds or lease_seconds < 0.001:
             raise InvalidInput(f"lease_seconds {lease_seconds!r} must be at least 0.001")
         renew = lease_seconds / 3 if renew_seconds is None else renew_seconds
@@ -90,9 +94,14 @@ class LaneBase:
 
     def width_arg(self, ask: bool) -> str:
         """ARGV width: known ints always; a callable owner only when the script asked."""
-        if not callable(self._width) or ask:
-            return str(self.owner_width())
-        return ""
+        if self._width_text is not None:
+            return self._width_text
+        return str(self.owner_width()) if ask else ""
+
+    @staticmethod
+    def _priority(value) -> Priority:
+        # The common case (a Priority) without Priority.parse's checks.
+        return value if value.__class__ is Priority else Priority.parse(value)
 
     @staticmethod
     def timeout_ms(timeout: float | None) -> int:
@@ -106,13 +115,16 @@ class LaneBase:
 
     @staticmethod
     def parse_acquire(reply) -> tuple:
-        kind = text(reply[0])
+        kind = reply[0]
+        if kind.__class__ is bytes:
+            kind = kind.decode()
+        # int() reads bytes and str alike.
         if kind == "granted":
-            return kind, Generation(int(text(reply[1])), int(text(reply[2])))
+            return kind, Generation(int(reply[1]), int(reply[2]))
         if kind == "queued":
-            return kind, int(text(reply[1])), int(reply[2])
+            return kind, int(reply[1]), int(reply[2])
         if kind == "busy":
-            return kind, int(text(reply[1]))
+            return kind, int(reply[1])
         return (kind,)
 
     def stats_from(self, reply) -> LaneStats:

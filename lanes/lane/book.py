@@ -20,6 +20,7 @@ from lanes.lane.model import Generation, Permit
 from lanes.priority import Priority
 
 BATCH = 500  # entries per renew script call: ~1 ms of server time
+UNCLAIMED_KEEP = 1024  # doorbells kept for waiters not registered yet (oldest dropped)
 
 
 @dataclass
@@ -59,6 +60,11 @@ class Book:
         self.new_slot = False  # set when a lane got its first entry: the renewer must re-plan
         self.slots: dict[int, Slot] = {}
         self.waiter_slot: dict[str, Slot] = {}
+        # A waiter registers once its first acquire call answered 'queued', so
+        # its doorbell can arrive first: kept here for it to claim. Bounded: a
+        # dropped one costs that waiter one renewal period (the renewal finds
+        # the grant), as any lost doorbell does.
+        self.unclaimed: dict[str, tuple] = {}
 
     def _slot(self, lane) -> Slot:
         slot = self.slots.get(id(lane))
@@ -79,6 +85,9 @@ class Book:
         slot = self._slot(lane)
         slot.waiters[waiter.id] = waiter
         self.waiter_slot[waiter.id] = slot
+        early = self.unclaimed.pop(waiter.id, None) if self.unclaimed else None
+        if early is not None and waiter.outcome is None:
+            waiter.outcome = early
 
     def remove_waiter(self, waiter_id: str) -> Waiter | None:
         slot = self.waiter_slot.pop(waiter_id, None)
@@ -119,7 +128,12 @@ class Book:
     def deliver_grant(self, waiter_id: str, generation: Generation, now: float) -> bool:
         slot = self.waiter_slot.get(waiter_id)
         waiter = slot.waiters.get(waiter_id) if slot else None
-        if waiter is None or waiter.outcome is not None:
+        if waiter is None:
+            self.unclaimed[waiter_id] = ("granted", generation, now)
+            if len(self.unclaimed) > UNCLAIMED_KEEP:
+                del self.unclaimed[next(iter(self.unclaimed))]
+            return False
+        if waiter.outcome is not None:
             return False
         waiter.outcome = ("granted", generation, now)
         waiter.wake()
@@ -144,7 +158,7 @@ class Book:
             slot.due = now + slot.lane.renew_seconds
             slot.wake_at = None
             entries: list[tuple[str, Any]] = [("h", p) for p in slot.holders.values()
-                                              if not p.released and not p.lost.is_set()]
+                                              if not p.released and not p._lost]
             entries += [("w", w) for w in slot.waiters.values() if w.outcome is None]
             if not entries:
                 out.append((slot, []))

@@ -134,29 +134,30 @@ class SyncHub:
 
     # --- registration (called by Lane) --------------------------------------------
 
+    # The hot paths take the plain lock (the condition's own lock) and wake
+    # the renewer only when a lane appeared (its plan has a new time): waking
+    # it on every acquire would cost a thread switch per call.
+
     def add_waiter(self, lane, waiter: Waiter) -> None:
-        with self._cond:
+        with self.lock:
             self.book.add_waiter(lane, waiter)
-            self._replan()
+            if self.book.new_slot:
+                self.book.new_slot = False
+                self._cond.notify_all()
 
     def remove_waiter(self, waiter_id: str) -> Waiter | None:
-        with self._cond:
+        with self.lock:
             return self.book.remove_waiter(waiter_id)
 
     def add_holder(self, lane, permit: Permit) -> None:
-        with self._cond:
+        with self.lock:
             self.book.add_holder(lane, permit)
-            self._replan()
-
-    def _replan(self) -> None:
-        # Wake the renewer only when a lane appeared (its plan has a new time);
-        # waking it on every acquire would cost a thread switch per call.
-        if self.book.new_slot:
-            self.book.new_slot = False
-            self._cond.notify_all()
+            if self.book.new_slot:
+                self.book.new_slot = False
+                self._cond.notify_all()
 
     def remove_holder(self, lane, holder_id: str) -> None:
-        with self._cond:
+        with self.lock:
             self.book.remove_holder(lane, holder_id)
 
     def note_event(self, lane, in_ms: int) -> None:

@@ -27,11 +27,17 @@ class Generation(NamedTuple):
         return f"{self.epoch}:{self.counter}"
 
 
+# Guards the lazy creation of Permit.lost against a concurrent _mark_lost.
+_lost_lock = threading.Lock()
+
+
 class Permit:
     """A held slot of a lane. Release it exactly once (more calls do nothing).
 
-    ``lost`` is set when the lane refuses a renewal (or renewals could not
-    reach Redis for a whole lease): the holder must stop using the slot.
+    ``lost`` (a ``threading.Event``) is set when the lane refuses a renewal
+    (or renewals could not reach Redis for a whole lease): the holder must
+    stop using the slot. The event is made on first use, so a short hold that
+    never looks at it costs no event.
     """
 
     def __init__(self, lane: Any, *, holder_id: str, generation: Generation, priority: Priority,
@@ -41,7 +47,8 @@ class Permit:
         self.generation = generation
         self.priority = priority
         self.waited_seconds = waited_seconds
-        self.lost = threading.Event()
+        self._lost = False
+        self._lost_event: threading.Event | None = None
         self.acquired_at = time.monotonic()
         # Local (monotonic) time until which the lease is known to be valid:
         # set from the send time of the last renewal that Redis accepted.
@@ -57,16 +64,33 @@ class Permit:
     def released(self) -> bool:
         return self._released
 
+    @property
+    def lost(self) -> threading.Event:
+        event = self._lost_event
+        if event is None:
+            with _lost_lock:
+                event = self._lost_event
+                if event is None:
+                    event = threading.Event()
+                    if self._lost:
+                        event.set()
+                    self._lost_event = event
+        return event
+
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the holder must stop."""
-        if self.lost.is_set() or time.monotonic() > self._lease_until:
+        if self._lost or time.monotonic() > self._lease_until:
             raise LeaseLost(
                 f"lease of holder {self.holder_id} (generation {self.generation}) on lane "
                 f"{self.lane_key!r} was lost: stop using the slot"
             )
 
     def _mark_lost(self) -> None:
-        self.lost.set()
+        with _lost_lock:
+            self._lost = True
+            event = self._lost_event
+        if event is not None:
+            event.set()
 
     def _claim_release(self) -> bool:
         """True exactly once: the caller that gets True sends the release."""
@@ -90,7 +114,7 @@ class Permit:
                 raise  # otherwise the body's own error is the one to see
 
     def __repr__(self) -> str:
-        state = "released" if self._released else ("lost" if self.lost.is_set() else "held")
+        state = "released" if self._released else ("lost" if self._lost else "held")
         return (f"Permit(lane={self.lane_key!r}, holder={self.holder_id!r}, "
                 f"generation={self.generation}, priority={self.priority.label}, {state})")
 

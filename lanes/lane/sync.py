@@ -31,7 +31,10 @@ class Lane(LaneBase):
 
     def _script(self, name: str, args: list):
         """Run a lane script (EVALSHA; NOSCRIPT reloads). Raw redis errors."""
-        return scripts_for(self.client)[name](keys=self._key_list, args=args)
+        scripts = self._scripts
+        if scripts is None:
+            scripts = self._scripts = scripts_for(self.client)
+        return scripts[name](keys=self._key_list, args=args)
 
     def _run(self, name: str, args: list, what: str):
         try:
@@ -41,10 +44,15 @@ class Lane(LaneBase):
 
     @property
     def _hub(self) -> SyncHub:
-        return hub_for(self.client, self.prefix)
+        hub = self._hub_cache
+        if hub is None or hub.closed:
+            hub = self._hub_cache = hub_for(self.client, self.prefix)
+        return hub
 
     def _start_hub(self) -> SyncHub:
         hub = self._hub
+        if hub._threads:
+            return hub
         try:
             hub.start()
         except UNAVAILABLE as exc:
@@ -52,9 +60,11 @@ class Lane(LaneBase):
         return hub
 
     def _acquire_call(self, hub: SyncHub, waiter_id: str, priority: Priority, timeout_ms: int,
-                      try_only: bool) -> tuple:
+                      try_only: bool, fresh: bool = False) -> tuple:
+        """One acquire script call. ``fresh``: the first call with this id (the
+        script then skips its checks for a rejoining waiter)."""
         args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                hub.channel, "1" if try_only else "0", self.notify_flag]
+                hub.channel, "1" if try_only else "0", self.notify_flag, "1" if fresh else "0"]
         parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -72,11 +82,11 @@ class Lane(LaneBase):
 
     def try_acquire(self, priority: Priority | str | int) -> Permit | None:
         """A permit if a slot is free and nobody waits, else None. Never queues."""
-        priority = Priority.parse(priority)
+        priority = self._priority(priority)
         hub = self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
-        parsed = self._acquire_call(hub, holder_id, priority, 0, try_only=True)
+        parsed = self._acquire_call(hub, holder_id, priority, 0, True, True)
         if parsed[0] != "granted":
             return None
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
@@ -89,50 +99,71 @@ class Lane(LaneBase):
         or :class:`AcquireCancelled` (the caller then holds nothing), or
         :class:`RedisUnavailable` when Redis does not answer in bounded time.
         """
-        priority = Priority.parse(priority)
+        priority = self._priority(priority)
         timeout_ms = self.timeout_ms(timeout)
         if cancel is not None and cancel.is_set():
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
         hub = self._start_hub()
         started = time.monotonic()
+        waiter_id = new_id(hub.token)
+        # One round trip when a slot is free: nothing is registered with the
+        # hub until the script says we wait (the hub keeps an early doorbell).
+        try:
+            parsed = self._acquire_call(hub, waiter_id, priority, timeout_ms, False, True)
+        except BaseException:
+            # The script may have queued us before the reply was lost: leave.
+            try:
+                self._leave(hub, Waiter(id=waiter_id, priority=priority), "cancels")
+            except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                pass
+            raise
+        if parsed[0] == "granted":
+            return self._permit(hub, waiter_id, parsed[1], priority, started, started + self.lease_seconds)
+        waiter = Waiter(id=waiter_id, priority=priority, epoch=parsed[1])
         deadline = None if timeout is None else started + timeout
-        waiter = Waiter(id=new_id(hub.token), priority=priority)
+        return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel)
+
+    def _wait_queued(self, hub: SyncHub, waiter: Waiter, next_event_ms: int, started: float,
+                     deadline: float | None, cancel: threading.Event | None) -> Permit:
+        """We are in the queue: wait for the doorbell (rejoining if our place
+        lapsed) until granted, timed out or cancelled."""
         event = threading.Event()
         waiter.wake = event.set
-        if isinstance(cancel, CancelEvent):
-            cancel.add_callback(event.set)
-        hub.add_waiter(self, waiter)
-        registered = True
+        queued = True  # in the lane's queue, with no outcome yet
         try:
+            if isinstance(cancel, CancelEvent):
+                cancel.add_callback(event.set)
+            hub.add_waiter(self, waiter)
+            hub.note_event(self, next_event_ms)
             while True:
-                remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
-                sent_at = time.monotonic()
-                parsed = self._acquire_call(hub, waiter.id, priority, remaining_ms, try_only=False)
-                if parsed[0] == "granted":
-                    hub.remove_waiter(waiter.id)
-                    registered = False
-                    return self._permit(hub, waiter.id, parsed[1], priority, started,
-                                        sent_at + self.lease_seconds)
-                waiter.epoch = parsed[1]
-                hub.note_event(self, parsed[2])
                 outcome = self._wait(hub, waiter, event, deadline, cancel)
                 if outcome[0] == "granted":
                     hub.remove_waiter(waiter.id)
-                    registered = False
+                    queued = False
                     # The doorbell rang after the server granted: count the
                     # lease from one renewal period earlier, to be safe.
                     lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
-                    return self._permit(hub, waiter.id, outcome[1], priority, started, lease_until)
+                    return self._permit(hub, waiter.id, outcome[1], waiter.priority, started, lease_until)
                 if outcome[0] in ("timeouts", "cancels"):
-                    registered = False
+                    queued = False
                     self._leave(hub, waiter, outcome[0])
                 if outcome[0] == "unavailable":
-                    registered = False
+                    queued = False
                     hub.remove_waiter(waiter.id)
                     raise RedisUnavailable(f"lane {self.key!r}: {outcome[1]}")
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
+                remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
+                sent_at = time.monotonic()
+                parsed = self._acquire_call(hub, waiter.id, waiter.priority, remaining_ms, False)
+                if parsed[0] == "granted":
+                    hub.remove_waiter(waiter.id)
+                    queued = False
+                    return self._permit(hub, waiter.id, parsed[1], waiter.priority, started,
+                                        sent_at + self.lease_seconds)
+                waiter.epoch = parsed[1]
+                hub.note_event(self, parsed[2])
         except BaseException:
-            if registered:
+            if queued:
                 # Interrupted (KeyboardInterrupt, Redis error mid-wait): leave
                 # the queue if we can; otherwise our waiter lease lapses.
                 try:
@@ -176,7 +207,8 @@ class Lane(LaneBase):
             raise InvalidInput(f"permit of lane {permit.lane_key!r} released on lane {self.key!r}")
         if not permit._claim_release():
             return False
-        self._hub.remove_holder(permit._lane, permit.holder_id)
+        owner = permit._lane  # the lane (and so the hub) that renews this permit
+        owner._hub.remove_holder(owner, permit.holder_id)
         gen = permit.generation
         reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
                           f"releasing on lane {self.key!r}")
@@ -215,7 +247,7 @@ class Lane(LaneBase):
     def forecast(self, priority: Priority | str | int) -> float | None:
         """Expected wait (seconds) for a new arrival at ``priority``; 0 if a slot
         is free; None before the first hold has been measured."""
-        priority = Priority.parse(priority)
+        priority = self._priority(priority)
         return self.forecast_from(self.stats_from(self._run("peek", [self.lease_ms, 0], f"reading lane {self.key!r}")),
                                   priority)
 

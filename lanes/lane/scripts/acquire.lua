@@ -8,6 +8,8 @@
 -- ARGV[6] channel      the caller process's wake channel
 -- ARGV[7] try_only     1 = never queue
 -- ARGV[8] notify       1 = drop this waiter if a grant finds nobody listening
+-- ARGV[9] fresh        1 = first call with this id (it cannot hold or be queued
+--                      yet, so those checks are skipped); absent or 0 = check
 -- Returns one of:
 --   {'granted', epoch, counter}
 --   {'queued', epoch, next_event_ms}   wait for the doorbell on the channel
@@ -18,20 +20,28 @@ local lease_ms = tonumber(ARGV[4])
 local now = now_ms()
 local st = load_state(now, ARGV[5], lease_ms)
 if not st then return {'nostate'} end
-reap(now)
-grant_free(st, now, lease_ms)
-
--- A repeated call with the same id (a waiter rejoining after its place
--- lapsed) must not make a second entry or a second holder.
-local held = redis.call('HGET', K_HINFO, id)
-if held then
-  local epoch, counter = parse_hinfo(held)
-  return {'granted', epoch, counter}
+reap_due(st, now)
+local queued = redis.call('ZCARD', K_QUEUE)
+if queued > 0 then
+  grant_free(st, now, lease_ms)
+  queued = redis.call('ZCARD', K_QUEUE)
 end
-if redis.call('ZSCORE', K_QUEUE, id) then unqueue(id) end
 
-local free = st.width - redis.call('ZCARD', K_HOLDERS)
-if now >= st.quiet_until and free > 0 and redis.call('ZCARD', K_QUEUE) == 0 then
+if ARGV[9] ~= '1' then
+  -- A repeated call with the same id (a waiter rejoining after its place
+  -- lapsed) must not make a second entry or a second holder.
+  local held = redis.call('HGET', K_HINFO, id)
+  if held then
+    local epoch, counter = parse_hinfo(held)
+    return {'granted', epoch, counter}
+  end
+  if redis.call('ZSCORE', K_QUEUE, id) then
+    unqueue(id)
+    queued = queued - 1
+  end
+end
+
+if now >= st.quiet_until and queued == 0 and redis.call('ZCARD', K_HOLDERS) < st.width then
   local counter = grant(st, id, prio, now, lease_ms)
   record_wait(prio, 0)
   return {'granted', fmt(st.epoch), fmt(counter)}
@@ -47,6 +57,7 @@ if timeout_ms >= 0 then
 end
 redis.call('ZADD', K_QUEUE, prio * PRIO_SPAN + seq, id)
 redis.call('ZADD', K_WEXP, wexp, id)
+lower_reap_at(st, wexp)
 redis.call('HSET', K_WINFO, id,
   prio .. ':' .. fmt(now) .. ':' .. fmt(deadline) .. ':' .. ARGV[8] .. ':' .. ARGV[6])
 return {'queued', fmt(st.epoch), next_event(st, now)}

@@ -18,11 +18,11 @@ local outcome = 'gone'
 if unqueue(id) then
   outcome = 'left'
 elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
-  unhold(id, now, false)
-  redis.call('HINCRBY', K_META, 'grants', -1)
+  unhold(st, id, now, nil)
+  redis.call('HINCRBY', K_META, 'returned', 1)
   outcome = 'returned'
 end
 if outcome ~= 'gone' then redis.call('HINCRBY', K_META, reason, 1) end
-reap(now)
+reap(st, now)
 grant_free(st, now, lease_ms)
 return outcome

@@ -4,8 +4,8 @@
 -- Every script of a lane takes the same seven KEYS, all sharing one hash tag
 -- (one Redis Cluster slot); lanes/lane/keys.py builds them:
 --   KEYS[1] meta     hash  width, epoch, counter (last generation), seq (enqueue
---                          counter), quiet_until (ms), grants, timeouts, cancels,
---                          expired, lapsed, hold_ewma_ms, hold_n
+--                          counter), quiet_until (ms), reap_at (ms), returned,
+--                          timeouts, cancels, expired, lapsed, hold_ewma_ms, hold_n
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
 --   KEYS[4] queue    zset  waiter id -> priority * 2^44 + seq (class, then arrival)
@@ -14,6 +14,12 @@
 --                          (deadline_ms -1 = no wait limit; notify 1 = the grant
 --                          must reach a subscriber or the waiter is dropped)
 --   KEYS[7] waits    list  recent admission waits "priority:ms", newest first
+--
+-- Grants counted = counter - returned (a grant taken back, e.g. by a waiter
+-- that left in the same instant, bumps 'returned'), so a grant writes one
+-- counter. reap_at is a lower bound of every score in holders and wexp (absent
+-- = 0): acquire and release skip the reap while now < reap_at; every other
+-- script reaps in full and stores the exact bound again.
 local K_META, K_HOLDERS, K_HINFO, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_WEXP, K_WINFO, K_WAITS = KEYS[5], KEYS[6], KEYS[7]
 
@@ -21,7 +27,9 @@ local PRIO_SPAN = 17592186044416 -- 2^44; exact in a double up to priority 255
 local REAP_MAX = 64               -- expired entries removed per call (bounded work)
 local GRANT_MAX = 256             -- grants per call; callers loop on the 'more' flag
 local WAITS_KEEP = 512            -- admission-wait samples kept for p50/p95
+local WAITS_SLACK = 64            -- the list is trimmed back to WAITS_KEEP past this
 local EWMA_ALPHA = 0.1            -- weight of the newest hold time
+local NEVER = 9007199254740992    -- 2^53: reap_at when nothing can expire
 
 local function now_ms()
   -- Server time: every lease and wait deadline is on one clock (Redis >= 5
@@ -36,9 +44,11 @@ local function fmt(n) return string.format('%d', n) end
 -- does not know the width: the script then answers 'nostate' and the client
 -- asks the owner (catalog or constructor) and calls again.
 local function load_state(now, width_arg, lease_ms)
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until')
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at',
+    'hold_ewma_ms', 'hold_n')
   if m[1] then
-    return {width = tonumber(m[1]), epoch = tonumber(m[2]), quiet_until = tonumber(m[3])}
+    return {width = tonumber(m[1]), epoch = tonumber(m[2]), quiet_until = tonumber(m[3]),
+      reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), hold_n = tonumber(m[6]) or 0}
   end
   if width_arg == nil or width_arg == '' then return nil end
   -- No state: a new lane, or Redis lost it (restart without persistence).
@@ -50,7 +60,15 @@ local function load_state(now, width_arg, lease_ms)
   local quiet = now + lease_ms
   redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0,
     'seq', 0, 'quiet_until', fmt(quiet))
-  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet}
+  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, hold_n = 0}
+end
+
+-- A score was written to holders or wexp: keep reap_at a lower bound.
+local function lower_reap_at(st, score)
+  if score < st.reap_at then
+    st.reap_at = score
+    redis.call('HSET', K_META, 'reap_at', fmt(score))
+  end
 end
 
 local function parse_winfo(info)
@@ -86,8 +104,9 @@ local function drop_waiter(id, now)
 end
 
 local function record_wait(prio, wait_ms)
-  redis.call('LPUSH', K_WAITS, prio .. ':' .. fmt(wait_ms))
-  redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
+  -- Trimmed in batches: one LPUSH per grant, an LTRIM every WAITS_SLACK.
+  local n = redis.call('LPUSH', K_WAITS, prio .. ':' .. fmt(wait_ms))
+  if n > WAITS_KEEP + WAITS_SLACK then redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1) end
 end
 
 -- Make id a holder with a fresh generation. Returns counter, lease deadline.
@@ -96,32 +115,47 @@ local function grant(st, id, prio, now, lease_ms)
   local deadline = now + lease_ms
   redis.call('ZADD', K_HOLDERS, deadline, id)
   redis.call('HSET', K_HINFO, id, fmt(st.epoch) .. ':' .. fmt(counter) .. ':' .. fmt(now) .. ':' .. prio)
-  redis.call('HINCRBY', K_META, 'grants', 1)
+  lower_reap_at(st, deadline)
   return counter, deadline
 end
 
--- Remove a holder; with a hold time sample when it released normally.
-local function unhold(id, now, sample)
-  local info = redis.call('HGET', K_HINFO, id)
+-- Remove a holder. info (its hinfo entry) is given when it released normally:
+-- its hold time then feeds the EWMA.
+local function unhold(st, id, now, info)
   redis.call('ZREM', K_HOLDERS, id)
   redis.call('HDEL', K_HINFO, id)
-  if sample and info then
+  if info then
     local _, _, granted = parse_hinfo(info)
     local hold = now - granted
-    local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'hold_n')
-    local ewma = tonumber(m[1])
+    local ewma = st.ewma
     if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
-    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'hold_n', (tonumber(m[2]) or 0) + 1)
+    st.ewma, st.hold_n = ewma, st.hold_n + 1
+    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'hold_n', st.hold_n)
   end
 end
 
--- Expired holder leases and lapsed waiters go first, a bounded number per call.
-local function reap(now)
+-- Expired holder leases and lapsed waiters go first, a bounded number per
+-- call; then reap_at is set to the earliest score left.
+local function reap(st, now)
   local gone = redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now, 'LIMIT', 0, REAP_MAX)
-  for i = 1, #gone do unhold(gone[i], now, false) end
+  for i = 1, #gone do unhold(st, gone[i], now, nil) end
   if #gone > 0 then redis.call('HINCRBY', K_META, 'expired', #gone) end
   local lapsed = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, REAP_MAX)
   for i = 1, #lapsed do drop_waiter(lapsed[i], now) end
+  local next_at = NEVER
+  local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
+  if #h == 2 then next_at = tonumber(h[2]) end
+  local w = redis.call('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
+  if #w == 2 and tonumber(w[2]) < next_at then next_at = tonumber(w[2]) end
+  if next_at ~= st.reap_at then
+    st.reap_at = next_at
+    redis.call('HSET', K_META, 'reap_at', fmt(next_at))
+  end
+end
+
+-- The hot paths' reap: nothing to do until the earliest deadline has passed.
+local function reap_due(st, now)
+  if now >= st.reap_at then reap(st, now) end
 end
 
 -- Direct handoff: give free slots to head waiters, waking exactly each one
@@ -150,8 +184,8 @@ local function grant_free(st, now, lease_ms)
       if notify and heard == 0 then
         -- Nobody listens for this waiter: its process is gone. Take the
         -- slot back at once rather than strand it for a lease period.
-        unhold(id, now, false)
-        redis.call('HINCRBY', K_META, 'grants', -1)
+        unhold(st, id, now, nil)
+        redis.call('HINCRBY', K_META, 'returned', 1)
         redis.call('HINCRBY', K_META, 'lapsed', 1)
       else
         record_wait(prio, now - enq)

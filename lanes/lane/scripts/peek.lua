@@ -11,10 +11,12 @@ local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, '', lease_ms)
 if not st then return {} end
-reap(now)
+reap(st, now)
 grant_free(st, now, lease_ms)
-local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'hold_n', 'grants', 'timeouts',
-  'cancels', 'expired', 'lapsed')
+local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'hold_n', 'counter', 'timeouts',
+  'cancels', 'expired', 'lapsed', 'returned')
+-- grants = generations handed out minus grants taken back (see lib.lua)
+m[3] = (tonumber(m[3]) or 0) - (tonumber(m[8]) or 0)
 local out = {st.width, redis.call('ZCARD', K_HOLDERS)}
 for p = 0, 2 do
   -- ZCOUNT is O(log n): the score ranges of one priority class.
@@ -27,7 +29,7 @@ local quiet = st.quiet_until - now
 if quiet < 0 then quiet = 0 end
 out[#out + 1] = quiet
 if ARGV[2] == '1' then
-  local samples = redis.call('LRANGE', K_WAITS, 0, -1)
+  local samples = redis.call('LRANGE', K_WAITS, 0, WAITS_KEEP - 1)
   for i = 1, #samples do out[#out + 1] = samples[i] end
 end
 return out

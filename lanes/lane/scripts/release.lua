@@ -15,10 +15,11 @@ local released = 0
 if info then
   local epoch, counter = parse_hinfo(info)
   if epoch == ARGV[2] and counter == ARGV[3] then
-    unhold(id, now, true)
+    unhold(st, id, now, info)
     released = 1
   end
 end
-reap(now)
-local more = grant_free(st, now, lease_ms)
+reap_due(st, now)
+local more = false
+if redis.call('ZCARD', K_QUEUE) > 0 then more = grant_free(st, now, lease_ms) end
 return {released, more and 1 or 0}

@@ -69,7 +69,7 @@ for i = 0, n - 1 do
   end
   codes[#codes + 1] = code
 end
-reap(now)
+reap(st, now)
 local more = grant_free(st, now, lease_ms)
 local out = {fmt(st.epoch), next_event(st, now), more and 1 or 0}
 for i = 1, #codes do out[#out + 1] = codes[i] end

@@ -11,6 +11,6 @@ local st = load_state(now, ARGV[1], lease_ms)
 local old = st.width
 redis.call('HSET', K_META, 'width', ARGV[1])
 st.width = width
-reap(now)
+reap(st, now)
 local more = grant_free(st, now, lease_ms)
 return {old, more and 1 or 0}
