@@ -9,6 +9,7 @@ process of one state directory shares one server.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
 import signal
@@ -107,6 +108,15 @@ class EmbeddedRedis:
         if self.is_running():
             return self.url
         self.folder.mkdir(parents=True, exist_ok=True)
+        # Several processes (a worker per fleet) may start at once: one starts
+        # the server, the others wait for the lock and attach to it.
+        with open(self.folder / "start.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if self.is_running():
+                return self.url
+            return self._start(wait_seconds)
+
+    def _start(self, wait_seconds: float) -> str:
         port = self._wanted_port or free_port()
         args = [
             redis_server_binary(),

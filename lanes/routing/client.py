@@ -12,18 +12,18 @@ import time
 import uuid
 from datetime import datetime
 
+import redis
 from celery.result import AsyncResult
 
-from lanes.catalog import RoutingTable, catalog_version, load_routing, open_catalog
-from lanes.celery_client import MESSAGE_PRIORITY, ROUTE_TASK, HOSTED_FLEET, make_celery, queue_for
+from lanes.catalog import RoutingTable, open_catalog
+from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for
 from lanes.errors import InvalidInput, RedisUnavailable
 from lanes.priority import Priority
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.request import RouteRequest, check_payload, parse_deadline
 from lanes.routing.trace import TraceStore
+from lanes.routing.view import CatalogView
 from lanes.settings import Settings, load_settings
-
-import redis
 
 
 class LanesClient:
@@ -36,20 +36,10 @@ class LanesClient:
         self.celery = make_celery(self.settings, self.redis_url)
         self.engine = open_catalog(self.settings)
         self.traces = TraceStore(self.redis, prefix=self.settings.key_prefix, ttl_seconds=self.settings.result_ttl_seconds)
-        self._table: RoutingTable | None = None
-        self._checked_at = 0.0
-        self._lock = threading.Lock()
+        self.catalog = CatalogView(self.engine)
 
     def table(self) -> RoutingTable:
-        with self._lock:
-            now = time.monotonic()
-            if self._table is None or (
-                now - self._checked_at >= 1.0 and catalog_version(self.engine) != self._table.version
-            ):
-                self._table = load_routing(self.engine)
-            if now - self._checked_at >= 1.0:
-                self._checked_at = now
-            return self._table
+        return self.catalog.table()
 
     def submit(
         self,
@@ -60,13 +50,7 @@ class LanesClient:
         deadline: float | datetime | None = None,
         idempotency_key: str | None = None,
     ) -> AsyncResult:
-        table = self.table()
-        route = table.workflows.get(workflow)
-        if route is None:
-            known = ", ".join(sorted(table.workflows)) or "none; apply a catalog first"
-            raise InvalidInput(f"unknown workflow {workflow!r} (known: {known})")
-        if not route.candidates:
-            raise InvalidInput(f"workflow {workflow!r} has no candidate models; add one to the catalog")
+        route = self.catalog.workflow(workflow)
         chosen = route.priority if priority is None else Priority.parse(priority)
         now = time.time()
         if deadline is None and route.default_deadline_seconds is not None:

@@ -7,11 +7,10 @@ Built lazily and shared by every worker thread of a process.
 from __future__ import annotations
 
 import threading
-import time
 
 import redis
 
-from lanes.catalog import PoolInfo, RoutingTable, WorkflowRoute, catalog_version, load_routing, open_catalog
+from lanes.catalog import PoolInfo, RoutingTable, WorkflowRoute, open_catalog
 from lanes.clock import Clock, SystemClock
 from lanes.errors import InvalidInput
 from lanes.lane import Lane
@@ -20,6 +19,7 @@ from lanes.routing.backend import BackendClient
 from lanes.routing.breaker import Breakers
 from lanes.routing.events import EventLog
 from lanes.routing.trace import TraceStore
+from lanes.routing.view import CatalogView
 from lanes.settings import Settings
 
 
@@ -72,39 +72,21 @@ class Runtime:
         )
         self.traces = TraceStore(self.client, prefix=settings.key_prefix, ttl_seconds=settings.result_ttl_seconds)
         self.backend = BackendClient()
-        self._refresh_seconds = refresh_seconds
+        self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_widths)
         self._lock = threading.Lock()
-        self._table: RoutingTable | None = None
-        self._checked_at = 0.0
         self._lanes: dict[int, Lane] = {}
 
     # --- catalog -----------------------------------------------------------
 
     def table(self) -> RoutingTable:
         """The routing table, re-read when the catalog version moves."""
-        with self._lock:
-            now = time.monotonic()
-            if self._table is not None and now - self._checked_at < self._refresh_seconds:
-                return self._table
-            self._checked_at = now
-            if self._table is None or catalog_version(self.engine) != self._table.version:
-                self._table = load_routing(self.engine)
-                self._follow_widths(self._table)
-            return self._table
+        return self.catalog.table()
 
     def workflow(self, name: str) -> WorkflowRoute:
-        table = self.table()
-        route = table.workflows.get(name)
-        if route is None:
-            known = ", ".join(sorted(table.workflows)) or "none"
-            raise InvalidInput(f"unknown workflow {name!r} (known: {known})")
-        if not route.candidates:
-            raise InvalidInput(f"workflow {name!r} has no candidate models; add one to the catalog")
-        return route
+        return self.catalog.workflow(name)
 
     def _pool_width(self, pool_id: int) -> int:
-        table = self._table or load_routing(self.engine)
-        for pool in table.pools.values():
+        for pool in self.table().pools.values():
             if pool.id == pool_id:
                 return pool.width
         raise InvalidInput(f"pool id {pool_id} is no longer in the catalog")

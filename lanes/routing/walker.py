@@ -10,7 +10,8 @@ For each candidate, in the workflow's order:
   the breaker and moves on, and the slot is always released.
 
 Background work with no deadline waits without limit, up to a cap below
-Celery's visibility timeout, where it asks to be requeued instead.
+Celery's visibility timeout, where it asks to be requeued instead (so does
+any wait whose budget is longer than that cap).
 """
 
 from __future__ import annotations
@@ -34,13 +35,14 @@ from lanes.routing.request import RouteRequest
 from lanes.routing.trace import Trace
 
 if TYPE_CHECKING:
-    from lanes.catalog import ModelInfo, WorkflowRoute
     from lanes.routing.runtime import Runtime
 
 
 class RequeueRequested(LaneSignal):
     """A background wait reached the cap below the visibility timeout: requeue the task."""
 
+
+SKIP = object()  # a candidate passed over or given up on: try the next one
 
 # How a trace ends when the walk ends in an exception.
 OUTCOMES = {
@@ -114,75 +116,80 @@ class Walker:
         )
 
     def _try(self, route, model, request, last, admission_deadline, cancel, trace) -> dict | None:
-        rt = self.rt
-        pool = model.pool
-        pool_name = pool.name if pool else None
-        state = rt.breakers.state(model.name)
-        if state == "open" and not last:
+        """Serve the request on ``model``, or return None to move on to the next candidate."""
+        if self.rt.breakers.state(model.name) == "open" and not last:
             self._bypass(trace, route, model, request, "breaker_open")
             return None
+        admitted = self._admit(route, model, request, last, admission_deadline, cancel, trace)
+        if admitted is SKIP:
+            return None
+        return self._call(model, request, admitted, trace)
 
-        permit = None
-        if pool is not None:
-            lane = rt.lane(pool)
+    def _admit(self, route, model, request, last, admission_deadline, cancel, trace):
+        """A permit on the model's lane, None for a model without a pool, or SKIP."""
+        rt = self.rt
+        pool = model.pool
+        if pool is None:
+            return None
+        lane = rt.lane(pool)
+        budget = None
+        if admission_deadline is not None:
             reserve = 0.0 if last else route.reserve_seconds
-            budget = None
-            if admission_deadline is not None:
-                budget = admission_deadline - rt.clock.now().timestamp() - reserve
-                if not last:
-                    if budget <= 0:
-                        self._bypass(trace, route, model, request, "budget_spent", budget_ms=round(budget * 1000))
-                        return None
-                    forecast = lane.forecast(request.priority)
-                    if forecast is not None and forecast > budget:
-                        self._bypass(
-                            trace, route, model, request, "forecast",
-                            forecast_ms=round(forecast * 1000), budget_ms=round(budget * 1000),
-                        )
-                        return None
-            wait_limit = rt.settings.background_wait_cap if budget is None else max(0.0, budget)
-            waited_from = time.monotonic()
-            try:
-                permit = lane.acquire(request.priority, timeout=wait_limit, cancel=cancel)
-            except AcquireTimeout:
-                waited = time.monotonic() - waited_from
-                trace.step(model.name, pool_name, "wait_timeout", wait_ms=round(waited * 1000))
-                if budget is None:
-                    raise RequeueRequested(
-                        f"background wait on {pool_name} reached {wait_limit:.0f}s; requeued"
-                    ) from None
-                if last:
-                    raise CapacityWaitTimeout(
-                        f"capacity_wait_timeout: no slot on {pool_name} for workflow {route.name!r} "
-                        f"within {waited:.1f}s; retry later"
-                    ) from None
-                return None
-            admitted_at = rt.clock.now().timestamp()
-            rt.events.record(
-                "lane_wait", pool=pool_name, workflow=route.name,
-                priority=request.priority.label, wait_ms=round(permit.waited_seconds * 1000, 2),
-            )
-        else:
-            admitted_at = rt.clock.now().timestamp()
+            budget = admission_deadline - rt.clock.now().timestamp() - reserve
+            if not last:
+                if budget <= 0:
+                    self._bypass(trace, route, model, request, "budget_spent", budget_ms=_ms(budget))
+                    return SKIP
+                forecast = lane.forecast(request.priority)
+                if forecast is not None and forecast > budget:
+                    self._bypass(trace, route, model, request, "forecast",
+                                 forecast_ms=_ms(forecast), budget_ms=_ms(budget))
+                    return SKIP
+        # No wait may outlive Celery's visibility timeout, or the task would be
+        # delivered twice while it still waits: past the cap it is requeued.
+        cap = rt.settings.background_wait_cap
+        wait_limit = cap if budget is None else min(max(0.0, budget), cap)
+        started = time.monotonic()
+        try:
+            permit = lane.acquire(request.priority, timeout=wait_limit, cancel=cancel)
+        except AcquireTimeout:
+            waited = time.monotonic() - started
+            trace.step(model.name, pool.name, "wait_timeout", wait_ms=_ms(waited))
+            if budget is None or budget > cap:
+                raise RequeueRequested(f"lane wait on {pool.name} reached {wait_limit:.0f}s; requeued") from None
+            if last:
+                raise CapacityWaitTimeout(
+                    f"capacity_wait_timeout: no slot on {pool.name} for workflow {route.name!r} "
+                    f"within {waited:.1f}s; retry later"
+                ) from None
+            return SKIP
+        rt.events.record(
+            "lane_wait", pool=pool.name, workflow=route.name,
+            priority=request.priority.label, wait_ms=_ms(permit.waited_seconds),
+        )
+        return permit
 
+    def _call(self, model, request, permit, trace) -> dict | None:
+        """Call the backend holding ``permit``; always release it."""
+        rt = self.rt
+        pool_name = model.pool.name if model.pool else None
+        admitted_at = rt.clock.now().timestamp()
+        waited = {"wait_ms": _ms(permit.waited_seconds)} if permit is not None else {}
         timeout = model.timeout_seconds
         if request.deadline is not None:
-            timeout = min(timeout, request.deadline - rt.clock.now().timestamp())
-        call_started = time.monotonic()
+            timeout = min(timeout, request.deadline - admitted_at)
+        started = time.monotonic()
         try:
-            answer = rt.backend.call(model, request.payload, timeout=timeout, abort=permit.lost if permit else None)
+            answer = rt.backend.call(model, request.payload, timeout=timeout,
+                                     abort=permit.lost if permit is not None else None)
         except LeaseLost as exc:
-            trace.step(model.name, pool_name, "lease_lost", reason=str(exc),
-                       wait_ms=_ms(permit.waited_seconds) if permit else None)
+            trace.step(model.name, pool_name, "lease_lost", reason=str(exc), **waited)
             return None
         except BackendError as exc:
             if not exc.request_rejected:
                 rt.breakers.record(model.name, ok=False)
-            trace.step(
-                model.name, pool_name, "failed", reason=str(exc), status=exc.status,
-                wait_ms=_ms(permit.waited_seconds) if permit else None,
-                call_ms=_ms(time.monotonic() - call_started),
-            )
+            trace.step(model.name, pool_name, "failed", reason=str(exc), status=exc.status,
+                       call_ms=_ms(time.monotonic() - started), **waited)
             if exc.request_rejected:
                 raise
             return None
@@ -191,11 +198,8 @@ class Walker:
                 permit.release()
         rt.breakers.record(model.name, ok=True)
         trace.step(
-            model.name, pool_name, "served",
-            admitted_at=admitted_at,
-            wait_ms=_ms(permit.waited_seconds) if permit else None,
-            call_ms=_ms(answer.seconds),
-            ttft_ms=_ms(answer.ttft_seconds) if answer.ttft_seconds is not None else None,
+            model.name, pool_name, "served", admitted_at=admitted_at, call_ms=_ms(answer.seconds),
+            ttft_ms=_ms(answer.ttft_seconds) if answer.ttft_seconds is not None else None, **waited,
         )
         return answer.body
 

@@ -92,3 +92,14 @@ def test_the_redis_commands_of_the_cli(tmp_path):
     assert status.returncode == 0 and "redis 6.2" in status.stdout
     assert run("stop").stdout.strip() == "stopped"
     assert run("stop").stdout.strip() == "not running"
+
+
+def test_processes_starting_the_embedded_redis_at_once_share_one_server(tmp_path):
+    code = "import sys; from lanes.embedded import EmbeddedRedis; print(EmbeddedRedis(sys.argv[1]).ensure())"
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path / "r")], stdout=subprocess.PIPE, text=True)
+             for _ in range(4)]
+    urls = {p.communicate(timeout=60)[0].strip() for p in procs}
+    try:
+        assert len(urls) == 1
+    finally:
+        EmbeddedRedis(tmp_path / "r").stop()

@@ -18,6 +18,7 @@ import httpx
 import redis
 
 from lanes.catalog import apply_document, load_routing, open_catalog
+from lanes.lane import Lane
 from lanes.routing.client import LanesClient
 from lanes.routing.runtime import pool_lane, provision_lanes
 from lanes.settings import Settings

@@ -6,7 +6,6 @@ Assertions are about order and outcomes, never durations.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import sys
 import threading

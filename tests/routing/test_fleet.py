@@ -1,6 +1,5 @@
 """Fleet sizing, the background gate and wait cancellation: the worker's own parts."""
 
-import threading
 
 import pytest
 

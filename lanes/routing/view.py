@@ -1,0 +1,57 @@
+"""A process's view of the catalog: re-read only when the catalog version moves.
+
+The version is checked at most once per ``refresh_seconds``, so a busy
+process asks the database one cheap question a second, not one per request.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from sqlalchemy.engine import Engine
+
+from lanes.catalog import RoutingTable, WorkflowRoute, refresh
+from lanes.errors import InvalidInput
+
+
+class CatalogView:
+    def __init__(
+        self,
+        engine: Engine,
+        *,
+        refresh_seconds: float = 1.0,
+        on_change: Callable[[RoutingTable], None] | None = None,
+    ) -> None:
+        self.engine = engine
+        self._refresh_seconds = refresh_seconds
+        self._on_change = on_change
+        # Re-entrant: on_change may resize lanes, which may ask for a width.
+        self._lock = threading.RLock()
+        self._table: RoutingTable | None = None
+        self._checked_at = 0.0
+
+    def table(self) -> RoutingTable:
+        with self._lock:
+            now = time.monotonic()
+            if self._table is not None and now - self._checked_at < self._refresh_seconds:
+                return self._table
+            self._checked_at = now
+            fresh = refresh(self.engine, self._table)
+            if fresh is not self._table:
+                self._table = fresh
+                if self._on_change is not None:
+                    self._on_change(fresh)
+            return fresh
+
+    def workflow(self, name: str) -> WorkflowRoute:
+        """The workflow called ``name``, ready to route, or a clear refusal."""
+        table = self.table()
+        route = table.workflows.get(name)
+        if route is None:
+            known = ", ".join(sorted(table.workflows)) or "none; apply a catalog first"
+            raise InvalidInput(f"unknown workflow {name!r} (known: {known})")
+        if not route.candidates:
+            raise InvalidInput(f"workflow {name!r} has no candidate models; add one to the catalog")
+        return route

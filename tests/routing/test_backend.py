@@ -1,0 +1,126 @@
+"""Backend calls over real HTTP against the simulator."""
+
+import threading
+
+import pytest
+
+from lanes import BackendError, BackendOverloaded, LeaseLost
+from lanes.catalog import ModelInfo
+from lanes.routing.backend import BackendClient
+from lanes.sim import SimModel, Simulator
+
+
+@pytest.fixture(scope="module")
+def sim():
+    models = [
+        SimModel(name="chat", capacity=4, ttft_ms=20.0, per_token_ms=30.0, tokens=20),
+        SimModel(name="fast", capacity=4, service_ms=5.0),
+        SimModel(name="emb", capacity=4, kind="embedding", embedding_ms=5.0),
+    ]
+    with Simulator(models, port=0) as server:
+        yield server
+
+
+@pytest.fixture
+def client():
+    backend = BackendClient()
+    yield backend
+    backend.close()
+
+
+def model(sim, name, kind="chat", key_env=None):
+    return ModelInfo(name=name, base_url=sim.base_url, kind=kind, pool=None, service=None,
+                     timeout_seconds=30.0, api_key_env=key_env)
+
+
+def test_a_chat_is_streamed_and_assembled_with_its_first_token_time(sim, client):
+    answer = client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+    assert answer.body["choices"][0]["message"]["content"]
+    assert answer.ttft_seconds is not None and answer.ttft_seconds <= answer.seconds
+    assert answer.chunks >= 1
+
+
+def test_embeddings_are_returned_as_the_backend_sent_them(sim, client):
+    answer = client.call(model(sim, "emb", kind="embedding"), {"input": ["a", "b", "c"]}, timeout=10)
+    assert len(answer.body["data"]) == 3
+
+
+@pytest.mark.parametrize("status", [429, 503, 529])
+def test_overload_answers_are_typed_as_overload(sim, client, status):
+    sim.configure("fast", fail_next=1, fail_status=status)
+    with pytest.raises(BackendOverloaded) as caught:
+        client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10)
+    assert caught.value.status == status and not caught.value.request_rejected
+
+
+def test_a_server_error_and_a_refused_request_are_told_apart(sim, client):
+    sim.configure("fast", fail_next=1, fail_status=500)
+    with pytest.raises(BackendError) as server_error:
+        client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10)
+    assert server_error.value.status == 500 and not server_error.value.request_rejected
+    with pytest.raises(BackendError) as refused:
+        client.call(model(sim, "missing-model"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10)
+    assert refused.value.status == 404 and refused.value.request_rejected
+
+
+def test_a_call_past_its_time_fails_as_a_timeout(sim, client):
+    with pytest.raises(BackendError, match="did not finish|timed out"):
+        client.call(model(sim, "chat"), {"messages": [{"role": "user", "content": "x"}]}, timeout=0.2)
+
+
+def test_an_unreachable_backend_is_a_backend_error():
+    backend = BackendClient()
+    dead = ModelInfo(name="m", base_url="http://127.0.0.1:9/v1", kind="chat", pool=None, service=None,
+                     timeout_seconds=5.0, api_key_env=None)
+    with pytest.raises(BackendError, match="could not be reached"):
+        backend.call(dead, {"messages": [{"role": "user", "content": "x"}]}, timeout=2)
+    backend.close()
+
+
+def test_a_lost_lease_aborts_the_call_and_frees_the_backend(sim, client):
+    sim.reset()
+    lost = threading.Event()
+    threading.Timer(0.15, lost.set).start()
+    with pytest.raises(LeaseLost):
+        client.call(model(sim, "chat"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10, abort=lost)
+    # The stream was closed mid-answer: the backend counts the request cancelled.
+    import time
+
+    deadline = time.monotonic() + 5
+    while sim.stats()["chat"]["cancelled"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert sim.stats()["chat"]["cancelled"] == 1 and sim.stats()["chat"]["served"] == 0
+
+
+def test_the_api_key_is_read_from_the_named_variable(client, monkeypatch):
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    seen = []
+
+    class Backend(BaseHTTPRequestHandler):
+        def do_POST(self):
+            seen.append(self.headers.get("authorization"))
+            self.rfile.read(int(self.headers["content-length"]))
+            body = b'data: {"choices": [{"delta": {"content": "ok"}}]}\n\ndata: [DONE]\n\n'
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hosted = ModelInfo(name="h", base_url=f"http://127.0.0.1:{server.server_port}/v1", kind="chat", pool=None,
+                           service=None, timeout_seconds=5.0, api_key_env="LANES_TEST_KEY")
+        monkeypatch.setenv("LANES_TEST_KEY", "sk-test")
+        assert client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5).body[
+            "choices"][0]["message"]["content"] == "ok"
+        monkeypatch.delenv("LANES_TEST_KEY")
+        client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5)
+    finally:
+        server.shutdown()
+    assert seen == ["Bearer sk-test", None]
