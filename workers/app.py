@@ -1,8 +1,8 @@
 """The Celery worker app: the routed-request task and the worker's own state.
 
 Build it with :func:`create_app`; nothing is read or connected at import.
-``celery -A workers.app:create_app worker`` works too (Celery calls the
-factory), but ``lanes worker --fleet NAME`` sizes and supervises it for you.
+``celery -A workers.app ...`` works too (Flower, inspect), but run workers
+with ``lanes worker --fleet NAME``, which sizes and supervises them.
 """
 
 from __future__ import annotations
@@ -134,3 +134,20 @@ def _may_retry(request: RouteRequest, retries: int, countdown: float) -> bool:
     if request.deadline is None:
         return retries < RETRIES_WITHOUT_DEADLINE
     return request.deadline - time.time() > countdown + 1.0
+
+
+_cli_app: Celery | None = None
+
+
+def __getattr__(name: str):
+    """``celery -A workers.app ...`` (Flower, inspect, purge) finds ``app`` here.
+
+    Built on first access, from the environment, so importing this module
+    still reads nothing and connects nowhere.
+    """
+    global _cli_app
+    if name in ("app", "celery"):
+        if _cli_app is None:
+            _cli_app = create_app()
+        return _cli_app
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
