@@ -1,0 +1,91 @@
+"""The walker in-process against real parts: Redis lanes, a SQLite catalog, the simulator.
+
+No Celery here: these are the budget rules of the walker itself.
+"""
+
+import threading
+import time
+
+import pytest
+import redis
+
+from lanes import CapacityWaitTimeout, Priority
+from lanes.catalog import apply_document, load_routing, open_catalog
+from lanes.routing.request import RouteRequest
+from lanes.routing.runtime import Runtime, provision_lanes
+from lanes.routing.walker import Walker
+from lanes.sim import SimModel, Simulator
+
+CHAT = {"messages": [{"role": "user", "content": "x"}]}
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with Simulator([SimModel(name="m", capacity=4, service_ms=5.0)], port=0) as server:
+        yield server
+
+
+@pytest.fixture
+def runtime(make_settings, one_redis_url, sim):
+    settings = make_settings(redis_url=one_redis_url, admission_cap_seconds=0.5)
+    engine = open_catalog(settings)
+    apply_document(engine, {
+        "pools": [{"name": "p", "width": 1}],
+        "models": [{"name": "m", "base_url": sim.base_url, "pool": "p"}],
+        "workflows": [
+            {"name": "chat", "priority": "interactive", "candidates": ["m"]},
+            {"name": "memory", "priority": "background", "candidates": ["m"]},
+        ],
+    })
+    provision_lanes(redis.Redis.from_url(one_redis_url), settings, load_routing(engine))
+    rt = Runtime(settings, redis_url=one_redis_url, engine=engine)
+    yield rt
+    rt.close()
+
+
+def request(workflow, priority, deadline=None):
+    return RouteRequest(task_id=f"t-{time.monotonic_ns()}", workflow=workflow, payload=CHAT, priority=priority,
+                        deadline=deadline, submitted_at=time.time())
+
+
+def test_a_request_without_a_deadline_stops_waiting_at_the_lane_cap(runtime):
+    lane = runtime.lane(runtime.table().pools["p"])
+    with lane.acquire(Priority.INTERACTIVE, timeout=5):
+        walker = Walker(runtime)
+        with pytest.raises(CapacityWaitTimeout, match="capacity_wait_timeout"):
+            walker.walk(request("chat", Priority.INTERACTIVE))
+    assert walker.trace.outcome == "capacity_timeout"
+    assert [s["action"] for s in walker.trace.steps] == ["wait_timeout"]
+
+
+def test_background_work_without_a_deadline_waits_past_the_lane_cap(runtime):
+    lane = runtime.lane(runtime.table().pools["p"])
+    hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
+    threading.Timer(1.5, hold.release).start()  # three times the 0.5 s cap
+    result = Walker(runtime).walk(request("memory", Priority.BACKGROUND))
+    assert result.trace.outcome == "served"
+    assert result.trace.steps[-1]["wait_ms"] >= 1000
+
+
+def test_a_caller_may_lower_a_workflows_priority(runtime):
+    lane = runtime.lane(runtime.table().pools["p"])
+    hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
+    results = {}
+
+    def walk(name, priority):
+        results[name] = Walker(runtime).walk(request("chat", priority, deadline=time.time() + 30))
+
+    lowered = threading.Thread(target=walk, args=("lowered", Priority.BACKGROUND))
+    lowered.start()
+    deadline = time.monotonic() + 5
+    while lane.stats().queued[Priority.BACKGROUND] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    urgent = threading.Thread(target=walk, args=("urgent", Priority.INTERACTIVE))
+    urgent.start()
+    while lane.stats().queued[Priority.INTERACTIVE] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    hold.release()
+    lowered.join(10)
+    urgent.join(10)
+    # The later interactive request went ahead of the earlier, lowered one.
+    assert results["urgent"].trace.steps[-1]["admitted_at"] < results["lowered"].trace.steps[-1]["admitted_at"]
