@@ -25,6 +25,7 @@ from rich.table import Table
 
 from lanes.catalog import apply_document, load_routing, open_catalog, read_document
 from lanes.celery_client import HOSTED_FLEET
+from lanes.errors import InvalidInput
 from lanes.priority import Priority
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.client import LanesClient
@@ -74,7 +75,7 @@ class DemoReport:
 def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = None, seed: int = 7,
              console: Console | None = None) -> DemoReport:
     console = console or Console(width=100)
-    catalog = catalog or EXAMPLE_CATALOG
+    catalog = catalog or _example_catalog()
     started_redis = not settings.redis_url and not _embedded_running(settings)
     redis_url = resolve_redis_url(settings)
     console.print(f"[bold]Lanes demo[/] · Redis {redis_url} · catalog {settings.catalog_url()}")
@@ -115,6 +116,13 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
             from lanes.embedded import EmbeddedRedis
 
             EmbeddedRedis(settings.state_dir / "redis").stop()
+
+
+def _example_catalog() -> Path:
+    for candidate in (EXAMPLE_CATALOG, Path.cwd() / "examples" / "aifarm.toml"):
+        if candidate.exists():
+            return candidate
+    raise InvalidInput("no examples/aifarm.toml here or beside the package; pass --catalog FILE")
 
 
 def _provision(settings: Settings, redis_url: str, table, nobody_holds: bool) -> None:

@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from datetime import datetime
+from functools import cached_property
 
 import redis
 from celery.result import AsyncResult
@@ -31,12 +32,27 @@ class LanesClient:
 
     def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None) -> None:
         self.settings = settings or load_settings()
-        self.redis_url = redis_url or resolve_redis_url(self.settings)
-        self.redis = connect(self.redis_url, timeout=self.settings.redis_timeout_seconds)
-        self.celery = make_celery(self.settings, self.redis_url)
         self.engine = open_catalog(self.settings)
-        self.traces = TraceStore(self.redis, prefix=self.settings.key_prefix, ttl_seconds=self.settings.result_ttl_seconds)
         self.catalog = CatalogView(self.engine)
+        self._redis_url = redis_url
+
+    # Redis is reached (and the embedded server started) only once something
+    # is sent or read, so a refused submit has touched nothing.
+    @cached_property
+    def redis_url(self) -> str:
+        return self._redis_url or resolve_redis_url(self.settings)
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return connect(self.redis_url, timeout=self.settings.redis_timeout_seconds)
+
+    @cached_property
+    def celery(self):
+        return make_celery(self.settings, self.redis_url)
+
+    @cached_property
+    def traces(self) -> TraceStore:
+        return TraceStore(self.redis, prefix=self.settings.key_prefix, ttl_seconds=self.settings.result_ttl_seconds)
 
     def table(self) -> RoutingTable:
         return self.catalog.table()
@@ -114,8 +130,10 @@ class LanesClient:
         return out
 
     def close(self) -> None:
-        self.redis.close()
-        self.celery.close()
+        if "redis" in self.__dict__:
+            self.redis.close()
+        if "celery" in self.__dict__:
+            self.celery.close()
         self.engine.dispose()
 
 
