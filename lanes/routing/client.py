@@ -24,7 +24,7 @@ from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.request import RouteRequest, check_payload, parse_deadline
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
-from lanes.settings import Settings, load_settings
+from lanes.settings import Settings, load_settings, mask_url
 
 
 class LanesClient:
@@ -96,8 +96,15 @@ class LanesClient:
             )
         except Exception as exc:
             if idempotency_key is not None:
-                self.redis.delete(self._idem_key(idempotency_key))
-            raise RedisUnavailable(f"could not enqueue the task: {exc}") from exc
+                try:
+                    self.redis.delete(self._idem_key(idempotency_key))
+                except redis.RedisError:
+                    pass  # the key expires on its own
+            detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            raise RedisUnavailable(
+                f"could not enqueue the task: Redis at {mask_url(self.redis_url)} did not answer ({detail}); "
+                "check that it runs and LANES_REDIS_URL points at it"
+            ) from None
         return self.celery.AsyncResult(request.task_id)
 
     def _idem_key(self, key: str) -> str:

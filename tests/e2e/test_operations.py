@@ -105,3 +105,14 @@ def test_the_demo_runs_the_product_on_embedded_defaults(tmp_path):
     from lanes.embedded import EmbeddedRedis
 
     assert not EmbeddedRedis(tmp_path / "state" / "redis").is_running()
+
+
+def test_an_unreachable_redis_is_one_clear_line_and_exit_3(dep):
+    env = {**dep.env, "LANES_REDIS_URL": "redis://127.0.0.1:1/0", "LANES_REDIS_TIMEOUT_SECONDS": "1"}
+    started = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "lanes.cli", "submit", "chat", "--payload",
+                           json.dumps({"messages": [{"role": "user", "content": "x"}]})],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+    assert time.monotonic() - started < 30
