@@ -15,10 +15,17 @@ Public names (also exported from :mod:`lanes`):
 
 Design notes (the choices ARCHITECTURE.md leaves open):
 
-- *Waking*: one pub/sub listener per process (the "hub"), not a blocked
-  connection per waiter. The grant itself is written in Redis (the waiter's
-  mailbox is its holder entry); the message is only a doorbell, so a lost one
-  costs at most one renewal period: the waiter's renewal reports the grant.
+- *Waking*: one pub/sub connection per process (the "hub"), not a blocked
+  connection per waiter. The sync waiters read it themselves in turns
+  (leader/follower, see ``hub.py``), so a grant to the reading waiter costs
+  one thread wake; the asyncio hub reads it in a task. The grant itself is
+  written in Redis (the waiter's mailbox is its holder entry); the message is
+  only a doorbell, so a lost one costs at most one renewal period: the
+  waiter's renewal reports the grant.
+- *Scripts*: helpers in small ``scripts/lib_*.lua`` files that each script
+  includes by name (``_lua.py``); acquire and release run an inline fast path
+  before including the reap/handoff helpers, because every call runs the top
+  level of everything a script includes.
 - *Sync/async*: mirror classes over a shared non-I/O base (``base.py``,
   ``book.py``); the scripts are the same.
 - *State loss*: a script that finds no state recreates it with a new epoch

@@ -2,11 +2,18 @@
 listener and batched renewer, shared by every :class:`~lanes.lane.Lane` on
 that client.
 
-- The **listener** thread holds one pub/sub connection subscribed to the
-  process's wake channel. A release script publishes ``"<waiter id> <epoch>
-  <counter>"`` there when it hands a slot to one of our waiters; the listener
-  wakes exactly that waiter's thread. One connection serves every waiter of
-  the process (a blocked connection per waiter would not scale).
+- One pub/sub connection per hub is subscribed to the process's wake
+  channel. A release script publishes ``"<waiter id> <epoch> <counter>"``
+  there when it hands a slot to one of our waiters. The waiting threads read
+  it themselves, one at a time (leader/follower): the *leader* blocks on the
+  socket (and on a local wake pipe, for cancels and renewal outcomes) and
+  hands every doorbell to its waiter. A grant to the leader itself wakes one
+  thread, not two (no listener thread in between); a grant to a follower is
+  handed over by the leader. A leader whose wait ends wakes one follower to
+  take over. With no waiter nobody reads: doorbells stay in the socket until
+  the next waiter leads (an early one is kept for its waiter, see
+  ``Book.unclaimed``). One connection serves every waiter of the process (a
+  blocked connection per waiter would not scale).
 - The **renewer** thread sleeps on a condition until the next lane is due:
   its renewal period, or (for lanes where we wait) the earliest lease expiry
   the scripts reported, so crashed holders are reaped and their slots handed
@@ -16,6 +23,8 @@ that client.
 from __future__ import annotations
 
 import logging
+import os
+import select
 import threading
 import time
 import weakref
@@ -31,6 +40,14 @@ log = logging.getLogger("lanes.lane")
 
 _hubs: "weakref.WeakKeyDictionary[object, dict[str, SyncHub]]" = weakref.WeakKeyDictionary()
 _hubs_lock = threading.Lock()
+
+
+def _close_fds(*fds: int) -> None:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
 
 
 def hub_for(client, prefix: str) -> "SyncHub":
@@ -62,6 +79,16 @@ class SyncHub:
         self._pubsub = None
         self._threads: list[threading.Thread] = []
         self.closed = False
+        # Leader/follower reading of the pub/sub connection (see the module doc).
+        self._reader = threading.Lock()
+        self._leader: Waiter | None = None
+        self._leader_thread = 0
+        self._pipe_r, self._pipe_w = os.pipe()
+        os.set_blocking(self._pipe_r, False)
+        os.set_blocking(self._pipe_w, False)
+        # Closed when the hub is collected (not in close(): a late poke must
+        # never write into a reused descriptor).
+        weakref.finalize(self, _close_fds, self._pipe_r, self._pipe_w)
 
     # --- lifecycle -------------------------------------------------------------
 
@@ -93,8 +120,7 @@ class SyncHub:
                 pubsub.connection.register_connect_callback(self._on_reconnect)
             self._pubsub = pubsub
             self._warn_eviction()
-            threads = [threading.Thread(target=self._listen, name="lanes-doorbell", daemon=True),
-                       threading.Thread(target=self._renew_loop, name="lanes-renewer", daemon=True)]
+            threads = [threading.Thread(target=self._renew_loop, name="lanes-renewer", daemon=True)]
             for thread in threads:
                 thread.start()
             self._threads = threads
@@ -112,20 +138,17 @@ class SyncHub:
         with self._cond:
             self.closed = True
             self._cond.notify_all()
-        if self._pubsub is not None:
-            try:
-                # Ring our own doorbell so the listener returns now, not at its read timeout.
-                self.client.publish(self.channel, "close")
-            except redis.RedisError:
-                pass  # Redis gone: the listener ends at its read timeout
+        self._poke()  # a leading waiter stops reading now
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=3.0)
-        if self._pubsub is not None:
+        if self._pubsub is not None and self._reader.acquire(timeout=3.0):
             try:
                 self._pubsub.close()
             except Exception:  # closing a broken connection: nothing left to do
                 pass
+            finally:
+                self._reader.release()
 
     def _on_reconnect(self, connection) -> None:
         with self._cond:
@@ -176,35 +199,104 @@ class SyncHub:
 
     # --- threads ---------------------------------------------------------------------
 
-    def _listen(self) -> None:
+    def ring(self, waiter: Waiter, event: threading.Event) -> None:
+        """Wake a waiting thread: its event, and the socket wait if it leads."""
+        event.set()
+        if self._leader is waiter and threading.get_ident() != self._leader_thread:
+            self._poke()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._pipe_w, b"x")
+        except (BlockingIOError, OSError):
+            pass  # the pipe is full (a wake is pending anyway) or closed
+
+    def lead(self, waiter: Waiter, event: threading.Event, until: float) -> bool:
+        """Read the doorbells as the leader until ``event`` is set or ``until``
+        (monotonic). Returns False at once if another thread leads."""
+        if self.closed or self._pubsub is None or not self._reader.acquire(blocking=False):
+            return False
+        try:
+            self._leader_thread = threading.get_ident()
+            self._leader = waiter
+            self._read_until(event, until)
+        finally:
+            self._leader = None
+            self._leader_thread = 0
+            self._reader.release()
+            self.promote(waiter)
+        return True
+
+    def promote(self, leaving: Waiter) -> None:
+        """Wake one other waiting thread so that it leads (if nobody does)."""
+        if self._reader.locked():
+            return
+        with self.lock:
+            for slot in self.book.slots.values():
+                for other in slot.waiters.values():
+                    if other is not leaving and other.outcome is None:
+                        other.wake()
+                        return
+
+    def _read_until(self, event: threading.Event, until: float) -> None:
+        pubsub = self._pubsub
+        poller = select.poll()
         failures = 0
-        while not self.closed:
+        while not event.is_set() and not self.closed:
             try:
-                message = self._pubsub.get_message(timeout=1.0)
+                # Buffered messages first (the parser may hold several).
+                message = pubsub.get_message(timeout=0)
                 failures = 0
             except UNAVAILABLE as exc:
                 failures += 1
                 log.debug("doorbell connection failed (%s); reconnecting", exc)
-                time.sleep(min(0.05 * 2 ** failures, 1.0))
+                pause = min(0.05 * 2 ** failures, 1.0, until - time.monotonic())
+                if pause > 0:
+                    event.wait(pause)
                 continue
             except Exception:
                 if self.closed:
                     return
-                log.exception("doorbell listener error")
-                time.sleep(0.1)
+                log.exception("doorbell reader error")
+                event.wait(0.1)
                 continue
-            if self.closed:
+            if message is not None:
+                self._dispatch(message)
+                continue
+            remaining = until - time.monotonic()
+            if remaining <= 0:
                 return
-            if not message or message.get("type") != "message":
+            sock = getattr(pubsub.connection, "_sock", None)
+            if sock is None:
+                event.wait(min(remaining, 0.01))  # reconnecting: the next read connects
                 continue
+            fd = sock.fileno()
+            poller.register(fd, select.POLLIN)
+            poller.register(self._pipe_r, select.POLLIN)
             try:
-                waiter_id, epoch, counter = text(message["data"]).split(" ")
-                generation = Generation(int(epoch), int(counter))
-            except ValueError:
-                log.warning("ignored malformed doorbell message %r", message["data"])
-                continue
-            with self._cond:
-                self.book.deliver_grant(waiter_id, generation, time.monotonic())
+                ready = poller.poll(remaining * 1000.0)
+            finally:
+                poller.unregister(fd)
+                poller.unregister(self._pipe_r)
+            for ready_fd, _ in ready:
+                if ready_fd == self._pipe_r:
+                    try:
+                        while os.read(self._pipe_r, 4096):
+                            pass
+                    except (BlockingIOError, OSError):
+                        pass
+
+    def _dispatch(self, message) -> None:
+        if message.get("type") != "message":
+            return
+        try:
+            waiter_id, epoch, counter = text(message["data"]).split(" ")
+            generation = Generation(int(epoch), int(counter))
+        except ValueError:
+            log.warning("ignored malformed doorbell message %r", message["data"])
+            return
+        with self._cond:
+            self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
     def _renew_loop(self) -> None:
         while True:

@@ -128,11 +128,15 @@ class Lane(LaneBase):
         """We are in the queue: wait for the doorbell (rejoining if our place
         lapsed) until granted, timed out or cancelled."""
         event = threading.Event()
-        waiter.wake = event.set
+
+        def wake() -> None:
+            hub.ring(waiter, event)
+
+        waiter.wake = wake
         queued = True  # in the lane's queue, with no outcome yet
         try:
             if isinstance(cancel, CancelEvent):
-                cancel.add_callback(event.set)
+                cancel.add_callback(wake)
             hub.add_waiter(self, waiter)
             hub.note_event(self, next_event_ms)
             while True:
@@ -173,13 +177,16 @@ class Lane(LaneBase):
             raise
         finally:
             if isinstance(cancel, CancelEvent):
-                cancel.remove_callback(event.set)
+                cancel.remove_callback(wake)
+            hub.promote(waiter)
 
     def _wait(self, hub: SyncHub, waiter: Waiter, event: threading.Event, deadline: float | None,
               cancel: threading.Event | None) -> tuple:
-        """Block until the doorbell, the deadline or a cancel. No Redis calls."""
+        """Block until the doorbell, the deadline or a cancel. No Redis calls
+        beyond reading the doorbells when this thread leads (see hub.py)."""
         check_plain = cancel is not None and not isinstance(cancel, CancelEvent)
         while True:
+            event.clear()  # every wake sets it before the state the checks below read
             outcome = hub.take_outcome(waiter, event)
             if outcome is not None:
                 return outcome
@@ -190,7 +197,9 @@ class Lane(LaneBase):
                 return ("timeouts",)
             if check_plain:
                 remaining = PLAIN_EVENT_CHECK_SECONDS if remaining is None else min(remaining, PLAIN_EVENT_CHECK_SECONDS)
-            event.wait(remaining)
+            until = time.monotonic() + (3600.0 if remaining is None else remaining)
+            if not hub.lead(waiter, event, until):
+                event.wait(remaining)
 
     def _leave(self, hub: SyncHub, waiter: Waiter, reason: str) -> None:
         """Leave the queue; a slot granted in the same instant goes back. Always raises."""

@@ -18,8 +18,22 @@ def test_every_script_opens_with_a_header_naming_its_keys_and_argv(name):
     head = body.split("\n\n")[0]
     assert head.startswith(f"-- {name}.lua:")
     assert "KEYS" in head and "ARGV[1]" in head
-    assert "KEYS[" not in body.replace("KEYS: ", ""), "keys come from lib.lua's names, never built"
-    assert script_text(name).startswith("-- lib.lua")
+    assert "KEYS[" not in body.replace("KEYS: ", ""), "keys come from lib_base.lua's names, never built"
+    text = script_text(name)
+    assert text.startswith(f"-- {name}.lua:")
+    assert "local K_META" in text and "--! include" not in text
+    # Every helper file appears at most once (includes are deduplicated).
+    assert text.count("local K_META") == 1 and text.count("local function load_state") <= 1
+
+
+@pytest.mark.parametrize("name", ["acquire", "release"])
+def test_the_hot_scripts_run_their_fast_path_before_any_slow_path_helper(name):
+    # A script call runs the top level of everything included: the fast path
+    # must not pay for the closures of the reap and handoff helpers.
+    text = script_text(name)
+    fast_end = text.index("local function load_state")
+    assert text.index("return {'granted'" if name == "acquire" else "return {released, 0}") < fast_end
+    assert text[:fast_end].count("\nlocal function") <= 2  # now_ms and fmt only
 
 
 def test_every_key_of_a_lane_shares_one_hash_tag_and_the_prefix_is_versioned():

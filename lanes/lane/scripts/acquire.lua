@@ -1,5 +1,5 @@
 -- acquire.lua: grant at once, or join the queue (or, with try_only, refuse).
--- KEYS: the seven lane keys (see lib.lua).
+-- KEYS: the seven lane keys (see lib_base.lua).
 -- ARGV[1] id           waiter/holder id (unique per acquisition)
 -- ARGV[2] priority     0 interactive, 1 user tool, 2 background
 -- ARGV[3] timeout_ms   wait budget; -1 = no limit (the waiter lease still applies)
@@ -15,9 +15,33 @@
 --   {'queued', epoch, next_event_ms}   wait for the doorbell on the channel
 --   {'busy', epoch}                    try_only and no free slot
 --   {'nostate'}                        state absent and width unknown
+--! include base
 local id, prio, timeout_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
 local now = now_ms()
+
+-- Fast path (the common uncontended call): a fresh id, state present, not
+-- quiet, nothing due for reaping, nobody queued and a slot free. Inline, with
+-- no helper beyond lib_base, so it creates no closure and no table of its own.
+if ARGV[9] == '1' then
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at')
+  local reap_at = tonumber(m[4])
+  if m[1] and reap_at and now < reap_at and now >= tonumber(m[3])
+      and redis.call('ZCARD', K_QUEUE) == 0 and redis.call('ZCARD', K_HOLDERS) < tonumber(m[1]) then
+    local counter = redis.call('HINCRBY', K_META, 'counter', 1)
+    local deadline = now + lease_ms
+    redis.call('ZADD', K_HOLDERS, deadline, id)
+    -- now, counter and ARGV[2] are below 10^14: '..' writes them exactly.
+    redis.call('HSET', K_HINFO, id, m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2])
+    if deadline < reap_at then redis.call('HSET', K_META, 'reap_at', deadline) end
+    if redis.call('LPUSH', K_WAITS, ARGV[2] .. ':0') > WAITS_KEEP + WAITS_SLACK then
+      redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
+    end
+    return {'granted', m[2], counter}
+  end
+end
+
+--! include reap handoff
 local st = load_state(now, ARGV[5], lease_ms)
 if not st then return {'nostate'} end
 reap_due(st, now)

@@ -1,5 +1,5 @@
 -- peek.lua: read the lane's statistics (and reap, so counts are current).
--- KEYS: the seven lane keys (see lib.lua).
+-- KEYS: the seven lane keys (see lib_base.lua).
 -- ARGV[1] lease_ms  lease for holders a reap hands slots to
 -- ARGV[2] samples   1 = include the admission-wait samples (stats), 0 = not
 --                   (forecast: O(log n), no list read)
@@ -7,6 +7,7 @@
 --   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
 --    hold_n, grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
 --    samples...}
+--! include reap handoff
 local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, '', lease_ms)
@@ -15,7 +16,7 @@ reap(st, now)
 grant_free(st, now, lease_ms)
 local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'hold_n', 'counter', 'timeouts',
   'cancels', 'expired', 'lapsed', 'returned')
--- grants = generations handed out minus grants taken back (see lib.lua)
+-- grants = generations handed out minus grants taken back (see lib_base.lua)
 m[3] = (tonumber(m[3]) or 0) - (tonumber(m[8]) or 0)
 local out = {st.width, redis.call('ZCARD', K_HOLDERS)}
 for p = 0, 2 do

@@ -1,7 +1,7 @@
 -- renew.lua: one batched renewal of a process's holders and waiters on a lane,
 -- plus the reap-and-handoff any call does (so a process with waiters that wakes
 -- at the earliest lease expiry reaps crashed holders even when no one else acts).
--- KEYS: the seven lane keys (see lib.lua).
+-- KEYS: the seven lane keys (see lib_base.lua).
 -- ARGV[1] lease_ms  new lease length from now
 -- ARGV[2] width     owner's width if the state must be recreated; '' = ask
 -- ARGV[3..] entries of 5 fields each:
@@ -14,6 +14,7 @@
 --   holder: 'ok' renewed | 'rereg' re-registered after a state loss | 'lost'
 --   waiter: 'q' still queued (place renewed) | 'g:<epoch>:<counter>' granted
 --           (its doorbell may have been lost) | 'x' no longer queued
+--! include reap handoff
 local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, ARGV[2], lease_ms)

@@ -1,10 +1,11 @@
 -- resize.lua: set the width at once. A shrink revokes nobody (holders drain);
 -- a growth hands the new slots to waiters in this call (bounded; the client
 -- calls again while 'more').
--- KEYS: the seven lane keys (see lib.lua).
+-- KEYS: the seven lane keys (see lib_base.lua).
 -- ARGV[1] width     new width (>= 0)
 -- ARGV[2] lease_ms  lease for holders granted here
 -- Returns {old_width, more}.
+--! include reap handoff
 local width, lease_ms = tonumber(ARGV[1]), tonumber(ARGV[2])
 local now = now_ms()
 local st = load_state(now, ARGV[1], lease_ms)

@@ -1,0 +1,54 @@
+-- lib_handoff.lua: direct handoff of free slots to head waiters.
+--! include hold queue
+
+-- Direct handoff: give free slots to head waiters, waking exactly each one
+-- through its process's channel. The grant itself lives in hinfo (the
+-- waiter's mailbox); the message is only the doorbell, and a waiter whose
+-- doorbell is lost finds the grant at its next renewal.
+-- Returns true when slots and waiters remain after GRANT_MAX steps.
+local function grant_free(st, now, lease_ms)
+  if now < st.quiet_until then return false end
+  local free = st.width - redis.call('ZCARD', K_HOLDERS)
+  local steps = 0
+  while free > 0 and steps < GRANT_MAX do
+    steps = steps + 1
+    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)
+    if #head == 0 then return false end
+    local id = head[1]
+    local exp = tonumber(redis.call('ZSCORE', K_WEXP, id))
+    if exp == nil or exp <= now then
+      drop_waiter(id, now)
+    else
+      local info = unqueue(id)
+      local prio, enq, _, notify, channel = parse_winfo(info)
+      local counter = grant(st, id, prio, now, lease_ms)
+      local heard = redis.call('PUBLISH', channel,
+        id .. ' ' .. fmt(st.epoch) .. ' ' .. fmt(counter))
+      if notify and heard == 0 then
+        -- Nobody listens for this waiter: its process is gone. Take the
+        -- slot back at once rather than strand it for a lease period.
+        unhold(st, id, now, nil)
+        redis.call('HINCRBY', K_META, 'returned', 1)
+        redis.call('HINCRBY', K_META, 'lapsed', 1)
+      else
+        record_wait(prio, now - enq)
+        free = free - 1
+      end
+    end
+  end
+  return free > 0 and redis.call('ZCARD', K_QUEUE) > 0
+end
+
+-- Milliseconds until the next thing that may free a slot without anyone
+-- acting: the earliest holder lease expiry, or the end of a quiet period.
+-- -1 when there is none. Waiters' processes wake then to reap and hand off.
+local function next_event(st, now)
+  local best = -1
+  local first = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
+  if #first == 2 then best = tonumber(first[2]) - now + 1 end
+  if st.quiet_until > now and (best < 0 or st.quiet_until - now < best) then
+    best = st.quiet_until - now
+  end
+  if best >= 0 and best < 1 then best = 1 end
+  return best
+end

@@ -1,0 +1,26 @@
+-- lib_reap.lua: removal of expired holder leases and lapsed waiters.
+--! include hold queue
+
+-- Expired holder leases and lapsed waiters go first, a bounded number per
+-- call; then reap_at is set to the earliest score left.
+local function reap(st, now)
+  local gone = redis.call('ZRANGEBYSCORE', K_HOLDERS, '-inf', now, 'LIMIT', 0, REAP_MAX)
+  for i = 1, #gone do unhold(st, gone[i], now, nil) end
+  if #gone > 0 then redis.call('HINCRBY', K_META, 'expired', #gone) end
+  local lapsed = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, REAP_MAX)
+  for i = 1, #lapsed do drop_waiter(lapsed[i], now) end
+  local next_at = NEVER
+  local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
+  if #h == 2 then next_at = tonumber(h[2]) end
+  local w = redis.call('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
+  if #w == 2 and tonumber(w[2]) < next_at then next_at = tonumber(w[2]) end
+  if next_at ~= st.reap_at then
+    st.reap_at = next_at
+    redis.call('HSET', K_META, 'reap_at', fmt(next_at))
+  end
+end
+
+-- The hot paths' reap: nothing to do until the earliest deadline has passed.
+local function reap_due(st, now)
+  if now >= st.reap_at then reap(st, now) end
+end

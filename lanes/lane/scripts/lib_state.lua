@@ -1,0 +1,33 @@
+-- lib_state.lua: the lane's state (meta), created when absent.
+--! include base
+
+-- The lane's state, recreating it when absent. width_arg '' means the caller
+-- does not know the width: the script then answers 'nostate' and the client
+-- asks the owner (catalog or constructor) and calls again.
+local function load_state(now, width_arg, lease_ms)
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at',
+    'hold_ewma_ms', 'hold_n')
+  if m[1] then
+    return {width = tonumber(m[1]), epoch = tonumber(m[2]), quiet_until = tonumber(m[3]),
+      reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), hold_n = tonumber(m[6]) or 0}
+  end
+  if width_arg == nil or width_arg == '' then return nil end
+  -- No state: a new lane, or Redis lost it (restart without persistence).
+  -- Holders of a lost state may still be running: grant nothing for one lease
+  -- period so they can re-register by renewal, so the lane never admits more
+  -- than W because Redis forgot who held. Leftover keys of a partial loss are
+  -- cleared so that every structure belongs to the new epoch.
+  redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP, K_WINFO)
+  local quiet = now + lease_ms
+  redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0,
+    'seq', 0, 'quiet_until', fmt(quiet))
+  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, hold_n = 0}
+end
+
+-- A score was written to holders or wexp: keep reap_at a lower bound.
+local function lower_reap_at(st, score)
+  if score < st.reap_at then
+    st.reap_at = score
+    redis.call('HSET', K_META, 'reap_at', fmt(score))
+  end
+end
