@@ -112,14 +112,18 @@ class LanesClient:
 
     def _claim_key(self, key: str, task_id: str) -> str | None:
         """Bind the key to this task id, or return the task it is bound to."""
+        name = self._idem_key(key)
         try:
-            claimed = self.redis.set(self._idem_key(key), task_id, nx=True, ex=self.settings.idempotency_ttl_seconds)
-            if claimed:
-                return None
-            existing = self.redis.get(self._idem_key(key))
+            # Twice at most: the bound key may expire between SET NX and GET.
+            for _ in range(2):
+                if self.redis.set(name, task_id, nx=True, ex=self.settings.idempotency_ttl_seconds):
+                    return None
+                existing = self.redis.get(name)
+                if existing is not None:
+                    return existing.decode()
         except redis.ConnectionError as exc:
             raise RedisUnavailable(f"Redis did not answer: {exc}") from exc
-        return existing.decode() if existing else None
+        raise RedisUnavailable(f"idempotency key {key!r} could not be bound; try again")
 
     def result(self, task_id: str) -> dict:
         """State, answer or error, and the routing trace of every attempt."""
@@ -132,8 +136,9 @@ class LanesClient:
             error = result.result
             out["error"] = {"type": type(error).__name__, "message": str(error)}
         if state == "PENDING" and not out["attempts"]:
-            out["note"] = "unknown task id, or not started yet (results are kept for "
-            out["note"] += f"{self.settings.result_ttl_seconds}s)"
+            out["note"] = (
+                f"unknown task id, or not started yet (results are kept for {self.settings.result_ttl_seconds}s)"
+            )
         return out
 
     def close(self) -> None:

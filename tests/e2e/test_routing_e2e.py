@@ -377,12 +377,13 @@ def test_the_cli_refuses_bad_input_in_one_line(dep):
 
 def test_the_cli_submits_waits_and_shows_the_trace(dep):
     proc = subprocess.run(
-        [sys.executable, "-m", "lanes.cli", "submit", "hosted_only", "--payload", json.dumps(CHAT), "--wait"],
+        [sys.executable, "-m", "lanes.cli", "submit", "chat", "--payload", json.dumps(CHAT), "--deadline", "30",
+         "--wait"],
         env=dep.env, capture_output=True, text=True, timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
-    assert report["state"] == "SUCCESS" and report["attempts"][0]["served_by"] == "hosted"
+    assert report["state"] == "SUCCESS" and report["attempts"][0]["served_by"] == "a"
     events = subprocess.run(
         [sys.executable, "-m", "lanes.cli", "events", "--json", "--limit", "500"],
         env=dep.env, capture_output=True, text=True, timeout=30,
