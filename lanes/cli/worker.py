@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import click
@@ -42,10 +41,7 @@ def command(settings, fleet, list_fleets, loglevel, as_json) -> None:
         raise InvalidInput(f"name a fleet with --fleet (known: {', '.join(fleets) or 'none'})")
     if fleet not in fleets:
         raise InvalidInput(f"unknown fleet {fleet!r} (known: {', '.join(fleets) or 'none'})")
-    # The worker lives in the `workers` package, which `lanes` never imports:
-    # it runs as its own process.
-    code = subprocess.call(
-        [sys.executable, "-m", "workers.supervisor", "--fleet", fleet, "--loglevel", loglevel],
-        env=os.environ.copy(),
-    )
-    sys.exit(code)
+    # The worker lives in the `workers` package, which `lanes` never imports.
+    # exec, not a child: SIGTERM from a process manager reaches the supervisor.
+    sys.stdout.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "workers.supervisor", "--fleet", fleet, "--loglevel", loglevel])

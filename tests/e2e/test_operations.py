@@ -116,3 +116,23 @@ def test_an_unreachable_redis_is_one_clear_line_and_exit_3(dep):
     assert done.returncode == 3, done.stderr
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
     assert time.monotonic() - started < 30
+
+
+def test_sigterm_to_lanes_worker_stops_the_whole_fleet_worker(dep):
+    dep.stop_worker("gpu")  # this test runs the fleet's worker the way an operator does
+    proc = subprocess.Popen([sys.executable, "-m", "lanes.cli", "worker", "--fleet", "gpu"], env=dep.env)
+    dep.wait_for_workers(["gpu"])
+    children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+    assert children, "the supervisor runs its worker as a child"
+    proc.terminate()
+    assert proc.wait(40) == 0
+    # The supervisor took the signal itself and stopped its worker: nothing is left running.
+    assert not any(_running(int(pid)) for pid in children)
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(")")[-1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
