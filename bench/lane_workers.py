@@ -15,8 +15,30 @@ def bare_pair(client, script) -> None:
     script(keys=["lanes:bench:trivial"], args=[])
 
 
-def throughput(url: str, prefix: str, key: str, mode: str, seconds: float, start_at: float, queue) -> None:
-    """Count acquire+release pairs (mode 'lane') or bare pairs (mode 'bare') for ``seconds``."""
+def raw_pair(conn, sha: str) -> None:
+    """For reference only: the same two EVALSHA sent on one connection held
+    directly (no redis-py command wrapper), the path the lane's sync client uses."""
+    conn.send_command("EVALSHA", sha, 1, "lanes:bench:trivial")
+    conn.read_response()
+    conn.send_command("EVALSHA", sha, 1, "lanes:bench:trivial")
+    conn.read_response()
+
+
+ORDER = ("bare", "lane", "raw", "raw", "lane", "bare")
+
+
+def slice_modes(slices: int) -> list[str]:
+    """Alternating sub-phases in mirrored order (bare, lane, raw, raw, lane,
+    bare, ...), so a drift of the machine over the run lands on every mode
+    alike. 'raw' is a reference only: the bare pair on a directly held connection."""
+    return [ORDER[i % len(ORDER)] for i in range(slices)]
+
+
+def throughput(url: str, prefix: str, key: str, slices: int, slice_seconds: float, start_at: float,
+               queue) -> None:
+    """Count acquire+release pairs and bare pairs in alternating sub-phases of
+    ``slice_seconds`` each (every process switches at the same wall-clock
+    times); puts ``{mode: count}``."""
     from lanes import Lane, Priority
 
     client = redis.Redis.from_url(url)
@@ -26,15 +48,26 @@ def throughput(url: str, prefix: str, key: str, mode: str, seconds: float, start
     bare_pair(client, script)
     while time.time() < start_at:
         time.sleep(0.001)
-    done = 0
-    end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    counts = {"bare": 0, "lane": 0, "raw": 0}
+    conn = client.connection_pool.get_connection()
+    for i, mode in enumerate(slice_modes(slices)):
+        end = start_at + (i + 1) * slice_seconds
+        done = 0
         if mode == "lane":
-            lane.try_acquire(Priority.INTERACTIVE).release()
+            while time.time() < end:
+                lane.try_acquire(Priority.INTERACTIVE).release()
+                done += 1
+        elif mode == "bare":
+            while time.time() < end:
+                bare_pair(client, script)
+                done += 1
         else:
-            bare_pair(client, script)
-        done += 1
-    queue.put(done)
+            while time.time() < end:
+                raw_pair(conn, script.sha)
+                done += 1
+        counts[mode] += done
+    client.connection_pool.release(conn)
+    queue.put(counts)
     lane.close()
 
 

@@ -26,6 +26,11 @@ Design notes (the choices ARCHITECTURE.md leaves open):
   includes by name (``_lua.py``); acquire and release run an inline fast path
   before including the reap/handoff helpers, because every call runs the top
   level of everything a script includes.
+- *Script calls*: the sync lane sends ``EVALSHA`` on connections it keeps
+  checked out of the client's pool (``_lua.SyncRunner``), skipping redis-py's
+  per-command wrapper; a failed connection is dropped and the call goes
+  through redis-py's own path (retry policy, reconnect). Cluster, bounded
+  pools and the asyncio lane use redis-py's path.
 - *Sync/async*: mirror classes over a shared non-I/O base (``base.py``,
   ``book.py``); the scripts are the same.
 - *State loss*: a script that finds no state recreates it with a new epoch

@@ -67,7 +67,7 @@ class LaneBase:
         self._width = width
         # A known width is sent on every acquire: format it once.
         self._width_text = None if callable(width) else str(width)
-        self._scripts = None  # {name: Script}, looked up once (see _lua.scripts_for)
+        self._scripts = None  # sync: the client's _lua.SyncRunner; asyncio: {name: Script}; looked up once
         self._hub_cache = None  # this client's hub, looked up once while open
         if not lease_seconds or lease_seconds < 0.001:
             raise InvalidInput(f"lease_seconds {lease_seconds!r} must be at least 0.001")

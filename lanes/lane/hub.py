@@ -248,11 +248,12 @@ class SyncHub:
                 message = pubsub.get_message(timeout=0)
                 failures = 0
             except UNAVAILABLE as exc:
-                failures += 1
+                failures = min(failures + 1, 5)  # capped: 2 ** n stays a small float
                 log.debug("doorbell connection failed (%s); reconnecting", exc)
                 pause = min(0.05 * 2 ** failures, 1.0, until - time.monotonic())
-                if pause > 0:
-                    event.wait(pause)
+                if pause <= 0:
+                    return  # our wait is over: no busy retry past it
+                event.wait(pause)
                 continue
             except Exception:
                 if self.closed:
@@ -278,6 +279,7 @@ class SyncHub:
             finally:
                 poller.unregister(fd)
                 poller.unregister(self._pipe_r)
+            readable = False
             for ready_fd, _ in ready:
                 if ready_fd == self._pipe_r:
                     try:
@@ -285,15 +287,49 @@ class SyncHub:
                             pass
                     except (BlockingIOError, OSError):
                         pass
+                elif ready_fd == fd:
+                    readable = True
+            if readable and not event.is_set():
+                self._read_one(pubsub)
+
+    def _read_one(self, pubsub) -> None:
+        """The socket is readable: read one reply straight off the connection
+        (the doorbell's hot path; ``get_message`` adds a readiness poll, a
+        retry closure and a dict per message) and dispatch it. Anything but a
+        plain message goes through redis-py's own ``handle_message``; a
+        failure disconnects, and the next ``get_message`` reconnects and
+        resubscribes as usual."""
+        conn = pubsub.connection
+        if conn is None:
+            return
+        try:
+            response = conn.read_response(push_request=True)
+        except UNAVAILABLE as exc:
+            log.debug("doorbell connection failed (%s); reconnecting", exc)
+            return
+        except Exception:
+            if self.closed:
+                return
+            log.exception("doorbell reader error")
+            return
+        if response.__class__ is list and len(response) == 3 and response[0] in (b"message", "message"):
+            self._dispatch_data(response[2])
+            return
+        message = pubsub.handle_message(response, ignore_subscribe_messages=True)
+        if message is not None:
+            self._dispatch(message)
 
     def _dispatch(self, message) -> None:
         if message.get("type") != "message":
             return
+        self._dispatch_data(message["data"])
+
+    def _dispatch_data(self, data) -> None:
         try:
-            waiter_id, epoch, counter = text(message["data"]).split(" ")
+            waiter_id, epoch, counter = text(data).split(" ")
             generation = Generation(int(epoch), int(counter))
         except ValueError:
-            log.warning("ignored malformed doorbell message %r", message["data"])
+            log.warning("ignored malformed doorbell message %r", data)
             return
         with self._cond:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())

@@ -8,7 +8,7 @@ import time
 import redis
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
-from lanes.lane._lua import scripts_for
+from lanes.lane._lua import close_runner, runner_for
 from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, text, unavailable
 from lanes.lane.book import Waiter
 from lanes.lane.cancel import PLAIN_EVENT_CHECK_SECONDS, CancelEvent
@@ -31,10 +31,10 @@ class Lane(LaneBase):
 
     def _script(self, name: str, args: list):
         """Run a lane script (EVALSHA; NOSCRIPT reloads). Raw redis errors."""
-        scripts = self._scripts
-        if scripts is None:
-            scripts = self._scripts = scripts_for(self.client)
-        return scripts[name](keys=self._key_list, args=args)
+        runner = self._scripts
+        if runner is None:
+            runner = self._scripts = runner_for(self.client)
+        return runner(name, self._key_list, args)
 
     def _run(self, name: str, args: list, what: str):
         try:
@@ -263,6 +263,8 @@ class Lane(LaneBase):
     def close(self) -> None:
         """Stop this client's background listener and renewer (at shutdown)."""
         close_hubs(self.client)
+        close_runner(self.client)
+        self._scripts = None
 
     def __repr__(self) -> str:
         return f"Lane({self.key!r}, prefix={self.prefix!r}, lease={self.lease_seconds}s)"

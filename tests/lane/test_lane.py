@@ -358,3 +358,49 @@ def test_bad_arguments_are_refused_with_the_value(make_lane):
 def test_generation_orders_by_epoch_then_counter():
     assert Generation(2, 1) > Generation(1, 99)
     assert str(Generation(5, 7)) == "5:7"
+
+
+def test_a_release_hands_off_past_a_queued_waiter_whose_process_is_gone(make_lane):
+    # The release script's inline handoff: the head waiter's channel has no
+    # subscriber (its process died), so the slot is taken back and goes on to
+    # the next waiter in the same call.
+    lane = make_lane(width=1)
+    holder = lane.acquire(I, 1.0)
+    ghost = ["ghost.1", int(I), 60_000, lane.lease_ms, "1", "lanes:test:wake:nobody", "0", "1", "1"]
+    assert lane._script("acquire", ghost)[0] in (b"queued", "queued")
+    thread, results = start_waiter(lane, I, name="live")
+    wait_queued(lane, 2)
+    assert holder.release()
+    thread.join(5.0)
+    permit = results["live"]
+    assert not isinstance(permit, Exception) and permit.generation > holder.generation
+    stats = lane.stats()
+    assert stats.in_flight == 1 and stats.queued_total == 0 and stats.lapsed_waiters == 1
+    permit.release()
+
+
+def test_a_script_connection_dropped_by_the_server_is_replaced(make_lane):
+    lane = make_lane(width=2)
+    lane.acquire(I, 1.0).release()
+    runner = lane._scripts
+    assert runner._pool is not None and runner._free, "the plain pool takes the direct path"
+    conn = runner._free[-1]
+    conn.send_command("CLIENT", "ID")
+    lane.client.client_kill_filter(_id=conn.read_response())
+    for _ in range(3):
+        lane.acquire(I, 1.0).release()
+    assert lane.stats().in_flight == 0
+
+
+def test_a_bounded_pool_keeps_redis_pys_own_command_path(make_lane):
+    pool = redis.BlockingConnectionPool.from_url(make_lane.url, max_connections=2, timeout=5)
+    client = redis.Redis(connection_pool=pool)
+    try:
+        lane = make_lane(width=1, client=client)
+        assert lane._scripts is None or lane._scripts._pool is None
+        lane.acquire(I, 1.0).release()
+        assert lane._scripts._pool is None and not lane._scripts._free
+        assert client.ping()
+    finally:
+        close_hubs(client)
+        client.close()
