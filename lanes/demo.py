@@ -16,6 +16,7 @@ import statistics
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from rich.table import Table
 
 from lanes.catalog import apply_document, load_routing, open_catalog, read_document
 from lanes.celery_client import HOSTED_FLEET
+from lanes.embedded import EmbeddedRedis
 from lanes.errors import InvalidInput
 from lanes.priority import Priority
 from lanes.redis_conn import connect, resolve_redis_url
@@ -41,7 +43,8 @@ EMBED = {"input": ["a memory worth keeping", "another one"]}
 WORKLOAD = [
     ("memory_extraction", None, None, 0.22),
     ("subject_merge", None, None, 0.06),
-    ("dialog", None, None, 0.24),
+    # 1 s for GPU0 beyond dialog's 30 s fallback reserve: the tail of a burst spills over.
+    ("dialog", None, 31.0, 0.24),
     ("history_summary", None, 60.0, 0.08),
     ("youtube", None, 60.0, 0.04),
     ("speech_recognition", None, 60.0, 0.05),
@@ -76,31 +79,32 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
              console: Console | None = None) -> DemoReport:
     console = console or Console(width=100)
     catalog = catalog or _example_catalog()
-    started_redis = not settings.redis_url and not _embedded_running(settings)
-    redis_url = resolve_redis_url(settings)
-    console.print(f"[bold]Lanes demo[/] · Redis {redis_url} · catalog {settings.catalog_url()}")
+    document = read_document(catalog)  # a bad file fails here, before anything starts
+    with ExitStack() as cleanup:  # whatever fails, everything started is stopped
+        started_redis = not settings.redis_url and not _embedded_running(settings)
+        redis_url = resolve_redis_url(settings)
+        if started_redis:
+            cleanup.callback(EmbeddedRedis(settings.state_dir / "redis").stop)
+        console.print(f"[bold]Lanes demo[/] · Redis {redis_url} · catalog {settings.catalog_url()}")
 
-    engine = open_catalog(settings)
-    changes = apply_document(engine, read_document(catalog))
-    table = load_routing(engine)
-    console.print(f"applied {catalog.name}: {len(table.pools)} pools, {len(table.models)} models, "
-                  f"{len(table.workflows)} workflows ({len(changes.changes)} changes)")
-    _provision(settings, redis_url, table, started_redis or not changes.empty)
+        engine = open_catalog(settings)
+        cleanup.callback(engine.dispose)
+        changes = apply_document(engine, document)
+        table = load_routing(engine)
+        console.print(f"applied {catalog.name}: {len(table.pools)} pools, {len(table.models)} models, "
+                      f"{len(table.workflows)} workflows ({len(changes.changes)} changes)")
+        _provision(settings, redis_url, table, started_redis or not changes.empty)
 
-    from lanes.sim import SimModel, Simulator, catalog_models
+        sim = _simulator(catalog)
+        cleanup.callback(sim.stop)
+        console.print(f"simulator serving {len(sim.stats())} models at {sim.url}")
 
-    # Short service times so the whole demo takes well under a minute.
-    template = SimModel(name="_", ttft_ms=40.0, per_token_ms=8.0, tokens=12, embedding_ms=30.0)
-    served = catalog_models(catalog, template).models
-    ports = sorted({m.port for m in served if m.port is not None})
-    sim = Simulator(served, host="127.0.0.1", port=ports[0] if ports else 8700)
-    sim.start()
-    console.print(f"simulator serving {len(sim.stats())} models at {sim.url}")
+        fleets = sorted({r.fleet or HOSTED_FLEET for r in table.workflows.values() if r.candidates})
+        workers = _start_workers(settings, fleets)
+        cleanup.callback(_stop_workers, workers)
+        client = LanesClient(settings, redis_url=redis_url)
+        cleanup.callback(client.close)
 
-    fleets = sorted({r.fleet or HOSTED_FLEET for r in table.workflows.values() if r.candidates})
-    workers = _start_workers(settings, fleets)
-    client = LanesClient(settings, redis_url=redis_url)
-    try:
         _wait_for_workers(client, fleets, console)
         since = time.time()
         submitted = _send_workload(client, requests, seed)
@@ -108,14 +112,16 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
         report = _summarise(settings, redis_url, table, sim.stats(), submitted, since)
         _print_report(report, console)
         return report
-    finally:
-        client.close()
-        _stop_workers(workers)
-        sim.stop()
-        if started_redis:
-            from lanes.embedded import EmbeddedRedis
 
-            EmbeddedRedis(settings.state_dir / "redis").stop()
+
+def _simulator(catalog: Path):
+    from lanes.sim import SimModel, Simulator, catalog_models
+
+    # Short service times so the whole demo takes well under a minute.
+    template = SimModel(name="_", ttft_ms=40.0, per_token_ms=8.0, tokens=12, embedding_ms=30.0)
+    served = catalog_models(catalog, template).models
+    ports = sorted({m.port for m in served if m.port is not None})
+    return Simulator(served, host="127.0.0.1", port=ports[0] if ports else 8700).start()
 
 
 def _example_catalog() -> Path:
@@ -140,8 +146,6 @@ def _provision(settings: Settings, redis_url: str, table, nobody_holds: bool) ->
 
 
 def _embedded_running(settings: Settings) -> bool:
-    from lanes.embedded import EmbeddedRedis
-
     return EmbeddedRedis(settings.state_dir / "redis").is_running()
 
 

@@ -121,6 +121,7 @@ def test_an_unreachable_redis_is_one_clear_line_and_exit_3(dep):
 def test_sigterm_to_lanes_worker_stops_the_whole_fleet_worker(dep):
     dep.stop_worker("gpu")  # this test runs the fleet's worker the way an operator does
     proc = subprocess.Popen([sys.executable, "-m", "lanes.cli", "worker", "--fleet", "gpu"], env=dep.env)
+    dep.workers["gpu"] = proc  # whatever happens below, the fixture stops it
     dep.wait_for_workers(["gpu"])
     children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
     assert children, "the supervisor runs its worker as a child"
