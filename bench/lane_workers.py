@@ -90,3 +90,18 @@ def hold_many(url: str, prefix: str, key: str, count: int, lease: float, renew: 
     queue.put(lost)
     # Release in bulk is not the point here: let the parent delete the keys.
     lane.close()
+
+
+def handoff_waiter(url: str, prefix: str, key: str, conn) -> None:
+    """The waiting side of a cross-process handoff: on each "go", queue on the
+    lane, report the CLOCK_MONOTONIC time (system-wide on Linux) at which the
+    grant arrived, give the slot back, and wait for the next round."""
+    from lanes import Lane, Priority
+
+    lane = Lane(redis.Redis.from_url(url), key, width=1, prefix=prefix)
+    while conn.recv() == "go":
+        permit = lane.acquire(Priority.INTERACTIVE, 5.0)
+        granted = time.monotonic()
+        permit.release()
+        conn.send(granted)
+    lane.close()

@@ -24,7 +24,6 @@ from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, new_token, text, unav
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, Generation, LaneStats
-from lanes.priority import Priority
 
 log = logging.getLogger("lanes.lane")
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 import threading
 import time
 
-import redis
-
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import close_runner, runner_for
 from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, text, unavailable
