@@ -83,7 +83,9 @@ def create_app(
     def _cancel_waits(**_) -> None:
         context.cancels.cancel_all("shutdown")
 
-    @signals.worker_process_shutdown.connect(weak=False)
+    # worker_shutdown, not worker_process_shutdown: the threads pool has no
+    # child processes, and the event buffer must be flushed on the way out.
+    @signals.worker_shutdown.connect(weak=False)
     def _close(**_) -> None:
         context.close()
 
