@@ -127,7 +127,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             context.gate.leave()
         if walker is not None and walker.trace is not None:
             try:
-                walker.runtime.traces.save(walker.trace)
+                runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
 

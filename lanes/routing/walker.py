@@ -71,10 +71,6 @@ class Walker:
         self.rt = runtime
         self.trace: Trace | None = None  # the last walk's, kept for failures too
 
-    @property
-    def runtime(self) -> "Runtime":
-        return self.rt
-
     def walk(
         self,
         request: RouteRequest,

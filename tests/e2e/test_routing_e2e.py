@@ -19,6 +19,7 @@ from lanes import CapacityWaitTimeout, InvalidInput, Priority
 from lanes.routing.breaker import Breakers
 from lanes.sim import SimModel
 from tests.e2e.harness import deploy
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -106,15 +107,6 @@ def finish(dep, result, timeout=60.0) -> dict:
     return dep.client.result(result.id)
 
 
-def wait_until(predicate, timeout=20.0, interval=0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    raise AssertionError("condition not reached in time")
-
-
 # --- serving --------------------------------------------------------------------------
 
 
@@ -147,7 +139,7 @@ def test_a_hosted_model_is_called_without_a_lane(dep):
 
 def test_under_saturation_interactive_is_admitted_before_background_and_width_holds(dep):
     background = [dep.client.submit("memory", CHAT) for _ in range(12)]
-    wait_until(lambda: dep.sim.stats()["a"]["running"] == 2)
+    eventually(lambda: dep.sim.stats()["a"]["running"] == 2, timeout=20.0, interval=0.05)
     interactive = [dep.client.submit("chat", CHAT, deadline=120) for _ in range(4)]
     bg_reports = [finish(dep, r, 120) for r in background]
     fg_reports = [finish(dep, r, 120) for r in interactive]
@@ -168,7 +160,7 @@ def test_a_busy_primary_is_waited_for_while_the_budget_allows(dep):
     lane = dep.lane("gpu-c")
     hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
     result = dep.client.submit("wait_fallback", CHAT, deadline=20)
-    wait_until(lambda: lane.stats().queued[Priority.INTERACTIVE] == 1)
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 1, timeout=20.0, interval=0.05)
     hold.release()
     report = finish(dep, result)
     assert report["state"] == "SUCCESS"
@@ -217,7 +209,7 @@ def test_a_candidate_whose_forecast_wait_exceeds_the_budget_is_passed_over(dep):
     for w in waiters:
         w.start()
     try:
-        wait_until(lambda: lane.stats().queued[Priority.INTERACTIVE] == 4)
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 4, timeout=20.0, interval=0.05)
         forecast = lane.forecast(Priority.INTERACTIVE)
         assert forecast is not None and forecast > 0
         # A budget (deadline - 1 s reserve) of half the forecast wait.
@@ -290,10 +282,10 @@ def test_a_revoke_cancels_a_lane_wait_and_leaks_nothing(dep):
     hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
     try:
         result = dep.client.submit("last_waits", CHAT, deadline=60)
-        wait_until(lambda: lane.stats().queued[Priority.INTERACTIVE] == 1)
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 1, timeout=20.0, interval=0.05)
         dep.client.celery.control.revoke(result.id)
-        wait_until(lambda: dep.client.result(result.id)["state"] == "REVOKED")
-        wait_until(lambda: lane.stats().queued[Priority.INTERACTIVE] == 0)
+        eventually(lambda: dep.client.result(result.id)["state"] == "REVOKED", timeout=20.0, interval=0.05)
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 0, timeout=20.0, interval=0.05)
     finally:
         hold.release()
     assert lane.stats().in_flight == 0
@@ -305,7 +297,7 @@ def test_sigterm_hands_a_waiting_task_back_and_a_new_worker_finishes_it(dep):
     dep.start_worker("gpu-t")
     dep.wait_for_workers(["gpu-t"])
     result = dep.client.submit("term_bg", CHAT)
-    wait_until(lambda: lane.stats().queued[Priority.BACKGROUND] == 1)
+    eventually(lambda: lane.stats().queued[Priority.BACKGROUND] == 1, timeout=20.0, interval=0.05)
     assert dep.stop_worker("gpu-t") == 0
     assert lane.stats().queued[Priority.BACKGROUND] == 0
     assert result.state in ("PENDING", "STARTED", "RECEIVED")

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import time
-from typing import Any, Callable
+from typing import Any
 
 import httpx
 import pytest
 
 from lanes.sim import SimModel, Simulator
+from tests.polling import aeventually, eventually  # noqa: F401  (the sim tests import them from here)
 
 
 @pytest.fixture
@@ -26,30 +26,6 @@ def start_sim():
     yield start
     for sim in started:
         sim.stop()
-
-
-def eventually(probe: Callable[[], Any], *, timeout: float = 5.0, what: str = "condition") -> Any:
-    """Poll ``probe`` until it returns something truthy (the simulator's own
-    state, never a fixed sleep standing in for it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
-        time.sleep(0.005)
-
-
-async def aeventually(probe: Callable[[], Any], *, timeout: float = 5.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
-        await asyncio.sleep(0.005)
 
 
 def chat_body(model: str, **extra: Any) -> dict[str, Any]:

@@ -1,0 +1,31 @@
+"""Waiting on real state in tests: poll the thing itself, never a fixed sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable
+
+
+def eventually(probe: Callable[[], Any], *, timeout: float = 5.0, what: str = "condition",
+               interval: float = 0.005) -> Any:
+    """Poll ``probe`` until it returns something truthy; return that value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+        time.sleep(interval)
+
+
+async def aeventually(probe: Callable[[], Any], *, timeout: float = 5.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+        await asyncio.sleep(0.005)
