@@ -73,20 +73,6 @@ class Bench:
             samples.append(time.perf_counter() - t)
         return statistics.median(samples)
 
-    def raw_rt(self, n=300) -> float:
-        """For reference: one EVALSHA round trip on a directly held connection."""
-        conn = self.client.connection_pool.get_connection()
-        samples = []
-        try:
-            for _ in range(n):
-                t = time.perf_counter()
-                conn.send_command("EVALSHA", self.trivial.sha, 1, "lanes:bench:trivial")
-                conn.read_response()
-                samples.append(time.perf_counter() - t)
-        finally:
-            self.client.connection_pool.release(conn)
-        return statistics.median(samples)
-
     # --- 1. uncontended ------------------------------------------------------------------
 
     def uncontended(self) -> None:
@@ -123,12 +109,69 @@ class Bench:
         line("p99 acquire+release / p99 two bare EVALSHA", f"{ours99/bare99:.2f}x ({ours99*1e6:.0f} us vs {bare99*1e6:.0f} us)")
         line("(reference) p50 / two EVALSHA on a directly held connection",
              f"{raw_ratio:.2f}x (raw pair {raw50*1e6:.0f} us)")
+        lane_us = self._server_us_per_pair(lambda: lane.acquire(I, 1.0).release(), iterations)
+        bare_us = self._server_us_per_pair(lambda: lane_workers.bare_pair(self.client, self.trivial), iterations)
+        if lane_us is not None and bare_us is not None:
+            line("(reference) Redis server time per pair (INFO commandstats)",
+                 f"{lane_us:.1f} us acquire+release vs {bare_us:.1f} us two trivial EVALSHA")
+
+    def _server_us_per_pair(self, pair, n: int) -> float | None:
+        """EVALSHA time Redis itself spent per call of ``pair`` (other clients'
+        scripts in the same moments would count too: a reference only)."""
+        def stat():
+            found = self.client.info("commandstats").get("cmdstat_evalsha") or {}
+            return found.get("usec", 0), found.get("calls", 0)
+        try:
+            usec0, _ = stat()
+            for _ in range(n):
+                pair()
+            usec1, _ = stat()
+        except redis.ResponseError:  # INFO disabled (managed Redis)
+            return None
+        return (usec1 - usec0) / n
 
     # --- 2. handoff -------------------------------------------------------------------------
 
     def handoff(self) -> None:
+        """Release -> waiter running, with the waiter in a process of its own
+        and in a thread of the releasing process. Each round lets the waiter
+        fall asleep on its doorbell (as a real waiter does while a holder
+        works) and warms the releaser with a few bare round trips first.
+
+        The cross-process rounds alternate with rounds of the *floor*: the same
+        cadence, but the releaser runs a script that only publishes, to a
+        subscriber that only sleeps in ``poll`` and reads. That is what waking
+        a sleeping process through Redis costs on this machine, whatever the
+        lane does; the lane's own cost is the difference."""
+        rounds = 50 if self.smoke else 400
+        across, floor = self._handoff_across_processes(rounds)
+        latencies = self._handoff_in_thread(rounds)
+        rt = self.bare_rt()
+        x50, x99 = pct(across, 50), pct(across, 99)
+        f50 = pct(floor, 50)
+        p50, p99 = pct(latencies, 50), pct(latencies, 99)
+        print(f"handoff latency: release called -> the waiter running; RT = a bare round trip ({rt*1e6:.0f} us)")
+        line("p50, waiter in another process (a fleet: workers hand slots to each other)",
+             f"{x50/rt:.2f} RT ({x50*1e6:.0f} us)", "<= 3 RT", x50 / rt <= 3)
+        line("p99, waiter in another process", f"{x99/rt:.2f} RT ({x99*1e6:.0f} us)")
+        line("p50 floor: a publish-only script waking a sleeping raw subscriber",
+             f"{f50/rt:.2f} RT ({f50*1e6:.0f} us; p99 {pct(floor, 99)*1e6:.0f} us)")
+        line("p50 handoff over the floor (the lane's own cost)", f"{(x50 - f50)/rt:.2f} RT ({(x50 - f50)*1e6:.0f} us)")
+        line("p50, waiter in another thread of the releasing process", f"{p50/rt:.2f} RT ({p50*1e6:.0f} us)")
+        line("p99, waiter in another thread", f"{p99/rt:.2f} RT ({p99*1e6:.0f} us)")
+
+    def _settle(self, lane, queue_key: str) -> None:
+        """Until the waiter is queued and asleep on its doorbell, then a few
+        bare round trips, so the timed call does not start cold."""
+        while lane.client.zcard(queue_key) < 1:
+            time.sleep(0.0002)
+        time.sleep(0.002)
+        for _ in range(5):
+            self.trivial(keys=["lanes:bench:trivial"], args=[])
+
+    def _handoff_in_thread(self, rounds: int) -> list[float]:
         lane = self.lane("handoff", 1)
-        rounds = 50 if self.smoke else 500
+        queue_key = lane.keys.all()[3]
         latencies = []
         for _ in range(rounds):
             holder = lane.acquire(I, 1.0)
@@ -144,52 +187,54 @@ class Bench:
             thread = threading.Thread(target=wait)
             thread.start()
             ready.wait()
-            while lane.client.zcard(lane.keys.all()[3]) < 1:  # until it is queued
-                time.sleep(0.0002)
+            self._settle(lane, queue_key)
             t = time.perf_counter()
             holder.release()
             thread.join()
             latencies.append(got["t"] - t)
             got["p"].release()
-        across = self._handoff_across_processes(rounds)
-        rt = self.bare_rt()
-        raw_rt = self.raw_rt()
-        p50, p99 = pct(latencies, 50), pct(latencies, 99)
-        x50, x99 = pct(across, 50), pct(across, 99)
-        print("handoff latency: release called -> the waiter running")
-        line("p50, waiter in another process (a fleet: workers hand slots to each other)",
-             f"{x50/rt:.2f} RT ({x50*1e6:.0f} us; RT {rt*1e6:.0f} us)", "<= 3 RT", x50 / rt <= 3)
-        line("p99, waiter in another process", f"{x99/rt:.2f} RT ({x99*1e6:.0f} us)")
-        line("p50, waiter in another thread of the releasing process",
-             f"{p50/rt:.2f} RT ({p50*1e6:.0f} us)", "<= 3 RT", p50 / rt <= 3)
-        line("p99, waiter in another thread", f"{p99/rt:.2f} RT ({p99*1e6:.0f} us)")
-        line("(reference) p50 in round trips on a directly held connection",
-             f"{p50/raw_rt:.2f} raw RT (raw RT {raw_rt*1e6:.0f} us)")
+        return latencies
 
-    def _handoff_across_processes(self, rounds: int) -> list[float]:
-        """The same handoff with the waiter in a process of its own, so the two
-        sides share no interpreter lock; times are CLOCK_MONOTONIC, which Linux
-        keeps system-wide."""
+    def _handoff_across_processes(self, rounds: int) -> tuple[list[float], list[float]]:
+        """Times are CLOCK_MONOTONIC, which Linux keeps system-wide."""
         lane = self.lane("handoff-x", 1)
         ctx = multiprocessing.get_context("spawn")
         ours, theirs = ctx.Pipe()
         waiter = ctx.Process(target=lane_workers.handoff_waiter, args=(self.url, self.prefix, "handoff-x", theirs))
+        channel, armed = f"{self.prefix}:floor", f"{self.prefix}:floor-armed"
+        self.keys_used.append(armed)
+        f_ours, f_theirs = ctx.Pipe()
+        subscriber = ctx.Process(target=lane_workers.floor_subscriber, args=(self.url, channel, armed, f_theirs))
         waiter.start()
+        subscriber.start()
+        publish = self.client.register_script(lane_workers.PUBLISH_ONLY)
         queue_key = lane.keys.all()[3]
-        latencies = []
+        latencies, floor = [], []
         try:
-            for _ in range(rounds + 5):  # the first rounds warm the waiter's process
+            for i in range(rounds + 5):  # the first rounds warm both processes
                 holder = lane.acquire(I, 5.0)
                 ours.send("go")
-                while lane.client.zcard(queue_key) < 1:  # until it is queued
-                    time.sleep(0.0002)
+                self._settle(lane, queue_key)
                 released = time.monotonic()
                 holder.release()
                 latencies.append(ours.recv() - released)
+
+                self.client.delete(armed)
+                f_ours.send("go")
+                while not self.client.exists(armed):
+                    time.sleep(0.0002)
+                time.sleep(0.002)
+                for _ in range(5):
+                    self.trivial(keys=["lanes:bench:trivial"], args=[])
+                sent = time.monotonic()
+                publish(keys=[channel], args=["w 1 1"])
+                floor.append(f_ours.recv() - sent)
             ours.send("stop")
+            f_ours.send("stop")
         finally:
             waiter.join(30)
-        return latencies[5:]
+            subscriber.join(30)
+        return latencies[5:], floor[5:]
 
     # --- 3. throughput ------------------------------------------------------------------------
 

@@ -105,3 +105,30 @@ def handoff_waiter(url: str, prefix: str, key: str, conn) -> None:
         permit.release()
         conn.send(granted)
     lane.close()
+
+
+PUBLISH_ONLY = "return redis.call('PUBLISH', KEYS[1], ARGV[1])"
+
+
+def floor_subscriber(url: str, channel: str, armed_key: str, conn) -> None:
+    """The least a handoff through Redis pub/sub can cost, for comparison: a
+    subscriber that does nothing but sleep in ``poll`` on its connection and
+    read the message. On each "go" it marks itself armed (one round trip, as
+    a waiter's enqueue is) and sleeps; it reports the CLOCK_MONOTONIC time at
+    which the message was read."""
+    import select
+
+    client = redis.Redis.from_url(url)
+    pubsub = client.pubsub()
+    pubsub.subscribe(channel)
+    while pubsub.get_message(timeout=1.0) is None:
+        pass
+    connection = pubsub.connection
+    poller = select.poll()
+    poller.register(connection._sock.fileno(), select.POLLIN)
+    while conn.recv() == "go":
+        client.set(armed_key, 1)
+        poller.poll(5000)
+        connection.read_response(push_request=True)
+        conn.send(time.monotonic())
+    pubsub.close()

@@ -172,8 +172,12 @@ class SyncHub:
         with self.lock:
             return self.book.remove_waiter(waiter_id)
 
-    def add_holder(self, lane, permit: Permit) -> None:
+    def add_holder(self, lane, permit: Permit, was_waiter: str | None = None) -> None:
+        """Register a permit; ``was_waiter`` (a granted waiter's id) is
+        unregistered in the same step (one lock on the handoff's path)."""
         with self.lock:
+            if was_waiter is not None:
+                self.book.remove_waiter(was_waiter)
             self.book.add_holder(lane, permit)
             if self.book.new_slot:
                 self.book.new_slot = False
@@ -229,7 +233,9 @@ class SyncHub:
 
     def promote(self, leaving: Waiter) -> None:
         """Wake one other waiting thread so that it leads (if nobody does)."""
-        if self._reader.locked():
+        # Unlocked early-outs: the reader was released before this call, so a
+        # waiter registering after these reads finds the reader free and leads.
+        if self._reader.locked() or len(self.book.waiter_slot) < 2:
             return
         with self.lock:
             for slot in self.book.slots.values():
@@ -326,7 +332,7 @@ class SyncHub:
 
     def _dispatch_data(self, data) -> None:
         try:
-            waiter_id, epoch, counter = text(data).split(" ")
+            waiter_id, epoch, counter = (data.decode() if data.__class__ is bytes else data).split(" ")
             generation = Generation(int(epoch), int(counter))
         except ValueError:
             log.warning("ignored malformed doorbell message %r", data)

@@ -70,10 +70,10 @@ class Lane(LaneBase):
         return parsed
 
     def _permit(self, hub: SyncHub, holder_id: str, generation: Generation, priority: Priority,
-                started: float, lease_until: float) -> Permit:
+                started: float, lease_until: float, was_waiter: bool = False) -> Permit:
         permit = Permit(self, holder_id=holder_id, generation=generation, priority=priority,
                         waited_seconds=time.monotonic() - started, lease_until=lease_until)
-        hub.add_holder(self, permit)
+        hub.add_holder(self, permit, holder_id if was_waiter else None)
         return permit
 
     # --- acquire / release ----------------------------------------------------------
@@ -140,12 +140,12 @@ class Lane(LaneBase):
             while True:
                 outcome = self._wait(hub, waiter, event, deadline, cancel)
                 if outcome[0] == "granted":
-                    hub.remove_waiter(waiter.id)
                     queued = False
                     # The doorbell rang after the server granted: count the
                     # lease from one renewal period earlier, to be safe.
                     lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
-                    return self._permit(hub, waiter.id, outcome[1], waiter.priority, started, lease_until)
+                    return self._permit(hub, waiter.id, outcome[1], waiter.priority, started, lease_until,
+                                        was_waiter=True)
                 if outcome[0] in ("timeouts", "cancels"):
                     queued = False
                     self._leave(hub, waiter, outcome[0])
@@ -214,11 +214,15 @@ class Lane(LaneBase):
             raise InvalidInput(f"permit of lane {permit.lane_key!r} released on lane {self.key!r}")
         if not permit._claim_release():
             return False
-        owner = permit._lane  # the lane (and so the hub) that renews this permit
-        owner._hub.remove_holder(owner, permit.holder_id)
         gen = permit.generation
-        reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
-                          f"releasing on lane {self.key!r}")
+        try:
+            reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
+                              f"releasing on lane {self.key!r}")
+        finally:
+            # After the call, off the handoff's path: a renewal racing it skips
+            # the permit (it is marked released), so this order is safe.
+            owner = permit._lane  # the lane (and so the hub) that renews this permit
+            owner._hub.remove_holder(owner, permit.holder_id)
         if int(reply[1]):
             self._hand_off_rest()
         return int(reply[0]) == 1
