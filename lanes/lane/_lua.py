@@ -26,6 +26,12 @@ import weakref
 from importlib import resources
 
 from redis.connection import ConnectionPool
+
+try:  # redis-py's packer when hiredis is installed (redis[hiredis], a dependency)
+    from redis.connection import HiredisRespSerializer
+    from hiredis import pack_command as _hiredis_pack
+except ImportError:  # pragma: no cover - a client without hiredis packs through redis-py
+    HiredisRespSerializer = _hiredis_pack = None
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
 NAMES = ("acquire", "release", "leave", "renew", "resize", "peek", "provision")
@@ -136,7 +142,12 @@ class SyncRunner:
                 return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
         clean = False
         try:
-            conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+            if _hiredis_pack is not None and type(conn._command_packer) is HiredisRespSerializer:
+                # What that packer does, minus its per-argument type checks
+                # (our arguments are str and int only).
+                conn.send_packed_command((_hiredis_pack(("EVALSHA", sha, len(keys), *keys, *args)),))
+            else:
+                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
             try:
                 reply = conn.read_response()
             except ResponseError:

@@ -125,7 +125,11 @@ class Book:
 
     # --- doorbell -------------------------------------------------------------------
 
-    def deliver_grant(self, waiter_id: str, generation: Generation, now: float) -> bool:
+    def deliver_grant(self, waiter_id: str, generation: Generation, now: float,
+                      reader: Waiter | None = None) -> bool:
+        """Hand a doorbell's grant to its waiter and wake it. ``reader``: the
+        waiter whose own thread is reading this doorbell (it sees its outcome
+        without a wake)."""
         slot = self.waiter_slot.get(waiter_id)
         waiter = slot.waiters.get(waiter_id) if slot else None
         if waiter is None:
@@ -136,7 +140,8 @@ class Book:
         if waiter.outcome is not None:
             return False
         waiter.outcome = ("granted", generation, now)
-        waiter.wake()
+        if waiter is not reader:
+            waiter.wake()
         return True
 
     # --- renewal ----------------------------------------------------------------------

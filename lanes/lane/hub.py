@@ -233,9 +233,11 @@ class SyncHub:
 
     def promote(self, leaving: Waiter) -> None:
         """Wake one other waiting thread so that it leads (if nobody does)."""
-        # Unlocked early-outs: the reader was released before this call, so a
-        # waiter registering after these reads finds the reader free and leads.
-        if self._reader.locked() or len(self.book.waiter_slot) < 2:
+        # Unlocked early-outs (nobody but ``leaving`` is registered): the reader
+        # was released before this call, so a waiter registering after these
+        # reads finds the reader free and leads.
+        registered = self.book.waiter_slot
+        if self._reader.locked() or not registered or (len(registered) == 1 and leaving.id in registered):
             return
         with self.lock:
             for slot in self.book.slots.values():
@@ -246,9 +248,10 @@ class SyncHub:
 
     def _read_until(self, event: threading.Event, until: float) -> None:
         pubsub = self._pubsub
+        leader = self._leader  # its own grant ends the read without a wake (see _dispatch_data)
         poller = select.poll()
         failures = 0
-        while not event.is_set() and not self.closed:
+        while not event.is_set() and leader.outcome is None and not self.closed:
             try:
                 # Buffered messages first (the parser may hold several).
                 message = pubsub.get_message(timeout=0)
@@ -295,7 +298,7 @@ class SyncHub:
                         pass
                 elif ready_fd == fd:
                     readable = True
-            if readable and not event.is_set():
+            if readable and not event.is_set() and leader.outcome is None:
                 self._read_one(pubsub)
 
     def _read_one(self, pubsub) -> None:
@@ -338,7 +341,8 @@ class SyncHub:
             log.warning("ignored malformed doorbell message %r", data)
             return
         with self._cond:
-            self.book.deliver_grant(waiter_id, generation, time.monotonic())
+            # Only the leading thread reads: a grant to itself needs no wake.
+            self.book.deliver_grant(waiter_id, generation, time.monotonic(), self._leader)
 
     def _renew_loop(self) -> None:
         while True:

@@ -184,6 +184,9 @@ class Lane(LaneBase):
         beyond reading the doorbells when this thread leads (see hub.py)."""
         check_plain = cancel is not None and not isinstance(cancel, CancelEvent)
         while True:
+            outcome = waiter.outcome  # a grant is final: taken without the lock
+            if outcome is not None and outcome[0] == "granted":
+                return outcome
             event.clear()  # every wake sets it before the state the checks below read
             outcome = hub.take_outcome(waiter, event)
             if outcome is not None:

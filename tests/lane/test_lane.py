@@ -404,3 +404,53 @@ def test_a_bounded_pool_keeps_redis_pys_own_command_path(make_lane):
     finally:
         close_hubs(client)
         client.close()
+
+
+def test_scripts_are_packed_by_hiredis_directly_or_by_the_clients_own_packer(make_lane):
+    from redis.connection import HiredisRespSerializer, PythonRespSerializer
+    from redis._parsers.encoders import Encoder
+
+    lane = make_lane(width=1)
+    lane.acquire(I, 1.0).release()
+    assert type(lane._scripts._free[-1]._command_packer) is HiredisRespSerializer
+    # A client that packs another way (here redis-py's pure-Python packer)
+    # keeps its own packer on the direct path.
+    packer = PythonRespSerializer(6000, Encoder("utf-8", "strict", False).encode)
+    client = redis.Redis.from_url(make_lane.url, command_packer=packer)
+    try:
+        other = make_lane(width=1, client=client, key=lane.key)
+        permit = other.acquire(I, 1.0)
+        assert other._scripts._pool is not None
+        assert lane.try_acquire(I) is None, "both clients see the same lane"
+        assert other.release(permit)
+        assert lane.stats().in_flight == 0
+    finally:
+        close_hubs(client)
+        client.close()
+
+
+@pytest.mark.parametrize("leader_leaves_by", ["grant", "timeout"])
+def test_when_the_reading_waiter_leaves_another_waiter_takes_over_the_doorbell(make_lane, leader_leaves_by):
+    # Leases of 30 s renew every 10 s: a doorbell nobody reads would only be
+    # found by the next renewal, far beyond the 3 s allowed here.
+    lane = make_lane(width=1, lease_seconds=30.0)
+    holder = lane.acquire(I, 1.0)
+    results = {}
+    first, _ = start_waiter(lane, I, timeout=0.3 if leader_leaves_by == "timeout" else 10.0,
+                            results=results, name="first")
+    wait_queued(lane, 1)
+    second, _ = start_waiter(lane, B, timeout=10.0, results=results, name="second")
+    wait_queued(lane, 2)
+    if leader_leaves_by == "grant":
+        holder.release()
+        first.join(3)
+        holder = results["first"]
+        assert lane.stats().queued_total == 1
+    else:
+        first.join(3)
+        assert isinstance(results["first"], AcquireTimeout)
+    holder.release()
+    second.join(3)
+    assert not second.is_alive(), "the remaining waiter did not hear its doorbell"
+    assert lane.stats().in_flight == 1
+    results["second"].release()
