@@ -142,7 +142,7 @@ class SyncRunner:
                 return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
         clean = False
         try:
-            if _hiredis_pack is not None and type(conn._command_packer) is HiredisRespSerializer:
+            if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer:
                 # What that packer does, minus its per-argument type checks
                 # (our arguments are str and int only).
                 conn.send_packed_command((_hiredis_pack(("EVALSHA", sha, len(keys), *keys, *args)),))
