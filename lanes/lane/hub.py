@@ -35,6 +35,7 @@ from lanes.lane.base import UNAVAILABLE, new_token, text
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import Generation, Permit
+from lanes.lane.wire import READ_SIZE, read_reply
 
 log = logging.getLogger("lanes.lane")
 
@@ -83,6 +84,7 @@ class SyncHub:
         self._reader = threading.Lock()
         self._leader: Waiter | None = None
         self._leader_thread = 0
+        self._read_buffer = bytearray(READ_SIZE)  # used by the leading thread only
         self._pipe_r, self._pipe_w = os.pipe()
         os.set_blocking(self._pipe_r, False)
         os.set_blocking(self._pipe_w, False)
@@ -304,15 +306,15 @@ class SyncHub:
     def _read_one(self, pubsub) -> None:
         """The socket is readable: read one reply straight off the connection
         (the doorbell's hot path; ``get_message`` adds a readiness poll, a
-        retry closure and a dict per message) and dispatch it. Anything but a
-        plain message goes through redis-py's own ``handle_message``; a
-        failure disconnects, and the next ``get_message`` reconnects and
-        resubscribes as usual."""
+        retry closure and a dict per message, and see wire.py) and dispatch
+        it. Anything but a plain message goes through redis-py's own
+        ``handle_message``; a failure disconnects, and the next
+        ``get_message`` reconnects and resubscribes as usual."""
         conn = pubsub.connection
         if conn is None:
             return
         try:
-            response = conn.read_response(push_request=True)
+            response = read_reply(conn, self._read_buffer)
         except UNAVAILABLE as exc:
             log.debug("doorbell connection failed (%s); reconnecting", exc)
             return
@@ -321,7 +323,7 @@ class SyncHub:
                 return
             log.exception("doorbell reader error")
             return
-        if response.__class__ is list and len(response) == 3 and response[0] in (b"message", "message"):
+        if isinstance(response, list) and len(response) == 3 and response[0] in (b"message", "message"):
             self._dispatch_data(response[2])
             return
         message = pubsub.handle_message(response, ignore_subscribe_messages=True)
