@@ -278,43 +278,49 @@ class Bench:
     def deep_queue(self) -> None:
         deep = 10_000 if self.smoke else 100_000
         iterations = 200 if self.smoke else 1000
-        print(f"cost with {deep:,} queued waiters (synthetic entries) vs 10")
-        results = {}
+        print(f"cost with {deep:,} queued waiters (synthetic entries) vs 10, interleaved")
+        state = {}
         for depth in (10, deep):
             lane = self.lane(f"queue{depth}", 1)
-            keys = lane.keys.all()
             holder = lane.acquire(I, 1.0)
             self._fill_queue(lane, depth)
-            before = self._memory(keys[3:6])
-            enqueue_leave, handoff = [], []
-            for i in range(iterations):
-                t = time.perf_counter()  # a waiter joins (tail, O(log n)) and times out
-                lane._acquire_call(lane._hub, f"probe{i}", I, 60_000, try_only=False)
-                lane._script("leave", [f"probe{i}", "timeouts", lane.lease_ms])
-                enqueue_leave.append(time.perf_counter() - t)
-                t = time.perf_counter()  # a release hands the slot to the head waiter
-                assert lane.release(holder), "the timed release must release (and hand off)"
-                handoff.append(time.perf_counter() - t)
-                # Put things back outside the timing: an interactive waiter of ours
-                # joins ahead of every synthetic (background) one, the synthetic
-                # head releases, and the slot comes back to us.
-                mine = f"mine{i}"
-                assert lane._acquire_call(lane._hub, mine, I, 60_000, try_only=False)[0] == "queued"
-                head = self.client.zrange(keys[1], 0, -1)[0].decode()
-                info = self.client.hget(keys[2], head).decode().split(":")
-                lane._script("release", [head, info[0], info[1], lane.lease_ms])
-                epoch, counter = self.client.hget(keys[2], mine).decode().split(":")[:2]
-                holder = Permit(lane, holder_id=mine, generation=Generation(int(epoch), int(counter)),
-                                priority=I, waited_seconds=0.0, lease_until=time.monotonic() + lane.lease_seconds)
-                self._fill_queue(lane, depth)
-            results[depth] = (pct(enqueue_leave, 50), pct(handoff, 50), before / depth)
-            lane.release(holder)
-        (e10, h10, _), (ed, hd, mem) = results[10], results[deep]
+            memory = self._memory(lane.keys.all()[3:6]) / depth
+            state[depth] = {"lane": lane, "holder": holder, "memory": memory, "enqueue_leave": [], "handoff": []}
+        for i in range(iterations):
+            for depth in ((10, deep) if i % 2 else (deep, 10)):  # the same machine for both depths
+                self._deep_round(state[depth], depth, i)
+        for entry in state.values():
+            entry["lane"].release(entry["holder"])
+        e10, h10 = pct(state[10]["enqueue_leave"], 50), pct(state[10]["handoff"], 50)
+        ed, hd = pct(state[deep]["enqueue_leave"], 50), pct(state[deep]["handoff"], 50)
         line(f"p50 enqueue+leave at {deep:,} / at 10", f"{ed/e10:.2f}x ({ed*1e6:.0f} vs {e10*1e6:.0f} us)",
              "<= 1.5", ed / e10 <= 1.5)
         line(f"p50 release with handoff at {deep:,} / at 10", f"{hd/h10:.2f}x ({hd*1e6:.0f} vs {h10*1e6:.0f} us)",
              "<= 1.5", hd / h10 <= 1.5)
-        line("Redis memory per queued waiter", f"{mem:.0f} bytes")
+        line("Redis memory per queued waiter", f"{state[deep]['memory']:.0f} bytes")
+
+    def _deep_round(self, entry: dict, depth: int, i: int) -> None:
+        lane, holder = entry["lane"], entry["holder"]
+        keys = lane.keys.all()
+        t = time.perf_counter()  # a waiter joins (tail, O(log n)) and times out
+        lane._acquire_call(lane._hub, f"probe{i}", I, 60_000, try_only=False)
+        lane._script("leave", [f"probe{i}", "timeouts", lane.lease_ms])
+        entry["enqueue_leave"].append(time.perf_counter() - t)
+        t = time.perf_counter()  # a release hands the slot to the head waiter
+        assert lane.release(holder), "the timed release must release (and hand off)"
+        entry["handoff"].append(time.perf_counter() - t)
+        # Put things back outside the timing: an interactive waiter of ours
+        # joins ahead of every synthetic (background) one, the synthetic
+        # head releases, and the slot comes back to us.
+        mine = f"mine{i}"
+        assert lane._acquire_call(lane._hub, mine, I, 60_000, try_only=False)[0] == "queued"
+        head = self.client.zrange(keys[1], 0, -1)[0].decode()
+        info = self.client.hget(keys[2], head).decode().split(":")
+        lane._script("release", [head, info[0], info[1], lane.lease_ms])
+        epoch, counter = self.client.hget(keys[2], mine).decode().split(":")[:2]
+        entry["holder"] = Permit(lane, holder_id=mine, generation=Generation(int(epoch), int(counter)),
+                                 priority=I, waited_seconds=0.0, lease_until=time.monotonic() + lane.lease_seconds)
+        self._fill_queue(lane, depth)
 
     def _fill_queue(self, lane, depth) -> None:
         keys = lane.keys.all()
