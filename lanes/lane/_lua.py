@@ -108,11 +108,13 @@ class SyncRunner:
         # Only a plain pool with room to spare: a bounded or blocking pool
         # (or a Sentinel one, which checks who owns a connection) must not
         # see connections sit idle outside it, so those use execute_command.
-        # Also RESP2 only and no client-side cache (no push messages between replies).
+        # Also no client-side cache: its connections keep the cache's books on
+        # every command, which the direct path would bypass.
+        # RESP2 and RESP3 (redis-py 8's default) alike: replies are read with
+        # the connection's read_response, which handles RESP3 pushes.
         self._pool = pool if (type(pool) is ConnectionPool and getattr(client, "connection", None) is None
                               and getattr(pool, "max_connections", 0) >= MIN_POOL_ROOM
-                              and getattr(pool, "cache", None) is None
-                              and pool.connection_kwargs.get("protocol") in (None, 2, "2")) else None
+                              and getattr(pool, "cache", None) is None) else None
         self._free: list = []
         self._pid = os.getpid()
 

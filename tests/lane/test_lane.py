@@ -454,3 +454,19 @@ def test_when_the_reading_waiter_leaves_another_waiter_takes_over_the_doorbell(m
     assert not second.is_alive(), "the remaining waiter did not hear its doorbell"
     assert lane.stats().in_flight == 1
     results["second"].release()
+
+
+@pytest.mark.parametrize("protocol", [2, 3])
+def test_both_protocols_take_the_direct_script_path(make_lane, protocol):
+    client = redis.Redis.from_url(make_lane.url, socket_timeout=5, protocol=protocol)
+    try:
+        lane = make_lane(width=1, client=client)
+        holder = lane.acquire(I, 1.0)
+        assert lane._scripts._pool is not None and lane._scripts._free
+        assert lane._scripts._free[-1].protocol == protocol
+        assert lane.try_acquire(I) is None
+        assert lane.release(holder)
+        assert lane.stats().in_flight == 0
+    finally:
+        close_hubs(client)
+        client.close()
