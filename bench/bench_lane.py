@@ -160,10 +160,11 @@ class Bench:
         line("p50, waiter in another thread of the releasing process", f"{p50/rt:.2f} RT ({p50*1e6:.0f} us)")
         line("p99, waiter in another thread", f"{p99/rt:.2f} RT ({p99*1e6:.0f} us)")
 
-    def _settle(self, lane, queue_key: str) -> None:
-        """Until the waiter is queued and asleep on its doorbell, then a few
+    def _settle(self, ready) -> None:
+        """Until ``ready()`` (the waiter queued, or the floor's subscriber
+        armed), then 2 ms for it to fall asleep on its doorbell, then a few
         bare round trips, so the timed call does not start cold."""
-        while lane.client.zcard(queue_key) < 1:
+        while not ready():
             time.sleep(0.0002)
         time.sleep(0.002)
         for _ in range(5):
@@ -187,7 +188,7 @@ class Bench:
             thread = threading.Thread(target=wait)
             thread.start()
             ready.wait()
-            self._settle(lane, queue_key)
+            self._settle(lambda: lane.client.zcard(queue_key) > 0)
             t = time.perf_counter()
             holder.release()
             thread.join()
@@ -218,18 +219,14 @@ class Bench:
             for i in range(rounds + 5):  # the first rounds warm both processes
                 holder = lane.acquire(I, 5.0)
                 ours.send("go")
-                self._settle(lane, queue_key)
+                self._settle(lambda: lane.client.zcard(queue_key) > 0)
                 released = time.monotonic()
                 holder.release()
                 latencies.append(ours.recv() - released)
 
                 self.client.delete(armed)
                 f_ours.send("go")
-                while not self.client.exists(armed):
-                    time.sleep(0.0002)
-                time.sleep(0.002)
-                for _ in range(5):
-                    self.trivial(keys=["lanes:bench:trivial"], args=[])
+                self._settle(lambda: self.client.exists(armed))
                 sent = time.monotonic()
                 conn.send_command("EVALSHA", publish.sha, 1, channel, "w 1 1")
                 conn.read_response()

@@ -11,6 +11,7 @@ from redis._parsers import _RESP2Parser
 from lanes import Priority
 from lanes.lane.hub import close_hubs
 from lanes.lane.wire import READ_SIZE, read_reply
+from tests.polling import eventually
 
 
 @pytest.fixture
@@ -86,9 +87,7 @@ def test_a_client_with_the_pure_python_parser_takes_redis_pys_own_read(one_redis
         got = {}
         waiter = threading.Thread(target=lambda: got.setdefault("p", lane.acquire(Priority.BACKGROUND, 10.0)))
         waiter.start()
-        for _ in range(5000):
-            if lane.stats().queued_total == 1:
-                break
+        eventually(lambda: lane.stats().queued_total == 1, what="the waiter queued")
         holder.release()
         waiter.join(5)
         assert got["p"].generation > holder.generation
