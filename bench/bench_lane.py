@@ -29,6 +29,7 @@ import lane_workers  # noqa: E402
 
 from lanes import Lane, Priority  # noqa: E402
 from lanes.lane.hub import close_hubs  # noqa: E402
+from lanes.lane.keys import PRIO_SPAN  # noqa: E402
 from lanes.lane.model import Generation, Permit  # noqa: E402
 
 I = Priority.INTERACTIVE
@@ -281,7 +282,7 @@ class Bench:
             lane = self.lane(f"queue{depth}", 1)
             holder = lane.acquire(I, 1.0)
             self._fill_queue(lane, depth)
-            memory = self._memory(lane.keys.all()[3:6]) / depth
+            memory = self._memory(lane.keys.all()[3:5]) / depth  # queue and wexp
             state[depth] = {"lane": lane, "holder": holder, "memory": memory, "enqueue_leave": [], "handoff": []}
         for i in range(iterations):
             for depth in ((10, deep) if i % 2 else (deep, 10)):  # the same machine for both depths
@@ -299,9 +300,11 @@ class Bench:
     def _deep_round(self, entry: dict, depth: int, i: int) -> None:
         lane, holder = entry["lane"], entry["holder"]
         keys = lane.keys.all()
+        token = lane._hub.token  # ids of this process, so grants ring its own channel
+        probe = f"{token}.probe{i}"
         t = time.perf_counter()  # a waiter joins (tail, O(log n)) and times out
-        lane._acquire_call(lane._hub, f"probe{i}", I, 60_000, try_only=False)
-        lane._script("leave", [f"probe{i}", "timeouts", lane.lease_ms])
+        lane._acquire_call(lane._hub, probe, I, 60_000, try_only=False)
+        lane._script("leave", [lane.member_of(probe, 60_000), "timeouts", lane.lease_ms])
         entry["enqueue_leave"].append(time.perf_counter() - t)
         t = time.perf_counter()  # a release hands the slot to the head waiter
         assert lane.release(holder), "the timed release must release (and hand off)"
@@ -309,7 +312,7 @@ class Bench:
         # Put things back outside the timing: an interactive waiter of ours
         # joins ahead of every synthetic (background) one, the synthetic
         # head releases, and the slot comes back to us.
-        mine = f"mine{i}"
+        mine = f"{token}.mine{i}"
         assert lane._acquire_call(lane._hub, mine, I, 60_000, try_only=False)[0] == "queued"
         head = self.client.zrange(keys[1], 0, -1)[0].decode()
         info = self.client.hget(keys[2], head).decode().split(":")
@@ -325,14 +328,17 @@ class Bench:
         if have >= depth:
             return
         now_ms = int(time.time() * 1000)
+        epoch, last = (int(v or 0) for v in self.client.hmget(keys[0], "epoch", "seq"))
+        # Enqueue stamps as acquire.lua writes them: microseconds since the epoch.
+        seq0 = max(last, now_ms * 1000 - epoch * 1000)
+        self.client.hset(keys[0], "seq", seq0 + depth - have)
         pipe = self.client.pipeline(transaction=False)
-        seq0 = self.client.hincrby(keys[0], "seq", depth - have)
         for n in range(have, depth):
-            wid = f"synthetic{uuid.uuid4().hex[:10]}"
-            # Background class, far deadlines, notify 0: a handoff to it is a normal grant.
-            pipe.zadd(keys[3], {wid: 2 * 2**44 + seq0 - depth + n + 1})
-            pipe.zadd(keys[4], {wid: now_ms + 3_600_000})
-            pipe.hset(keys[5], wid, f"2:{now_ms}:-1:0:{self.prefix}:wake:none")
+            # Background class, no wait limit, notify 0 (a handoff to it is a
+            # normal grant); its process token has no subscriber.
+            member = f"0:-1:synthetic{uuid.uuid4().hex[:10]}"
+            pipe.zadd(keys[3], {member: 2 * PRIO_SPAN + seq0 + n - have + 1})
+            pipe.zadd(keys[4], {member: now_ms + 3_600_000})
             if n % 5000 == 4999:
                 pipe.execute()
         pipe.execute()

@@ -44,7 +44,7 @@ class Settings(BaseSettings):
     database_url: str | None = Field(default=None, description="SQLAlchemy URL of the catalog")
     api_token: SecretStr | None = Field(default=None, description="bearer token of the admin API")
     state_dir: Path = Field(default_factory=default_state_dir)
-    key_prefix: str = Field(default="lanes:v1", description="prefix of every Redis key Lanes writes")
+    key_prefix: str = Field(default="lanes:v2", description="prefix of every Redis key Lanes writes")
 
     lease_seconds: float = Field(default=30.0, gt=0)
     renew_seconds: float | None = Field(default=None, gt=0, description="default: a third of the lease")

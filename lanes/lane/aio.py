@@ -184,9 +184,10 @@ class AsyncLane(LaneBase):
             raise unavailable(exc, "subscribing to the wake channel") from exc
         return hub
 
-    async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False) -> tuple:
+    async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False,
+                            previous: str = "") -> tuple:
         args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                hub.channel, "1" if try_only else "0", self.notify_flag, "1" if fresh else "0"]
+                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous]
         parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -220,7 +221,8 @@ class AsyncLane(LaneBase):
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
         hub = await self._start_hub()
         started = time.monotonic()
-        waiter = Waiter(id=new_id(hub.token), priority=priority)
+        waiter_id = new_id(hub.token)
+        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms))
         # One round trip when a slot is free: the waiter is registered with the
         # hub only once the script says we wait (the hub keeps an early doorbell).
         queued = True  # until the first reply says otherwise; then: in the queue, no outcome yet
@@ -262,7 +264,9 @@ class AsyncLane(LaneBase):
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
                 remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 started_call = time.monotonic()
-                parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False)
+                parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False,
+                                                  previous=waiter.member)
+                waiter.member = self.member_of(waiter.id, remaining_ms)
                 if parsed[0] == "granted":
                     hub.book.remove_waiter(waiter.id)
                     queued = False
@@ -303,7 +307,7 @@ class AsyncLane(LaneBase):
 
     async def _leave(self, hub, waiter, reason) -> None:
         hub.book.remove_waiter(waiter.id)
-        outcome = text(await self._run("leave", [waiter.id, reason, self.lease_ms], f"leaving lane {self.key!r}"))
+        outcome = text(await self._run("leave", [waiter.member, reason, self.lease_ms], f"leaving lane {self.key!r}"))
         if reason == "cancels":
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled ({outcome}); nothing is held")
         raise AcquireTimeout(f"no slot on lane {self.key!r} within the wait budget ({outcome}); nothing is held")

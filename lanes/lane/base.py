@@ -82,6 +82,10 @@ class LaneBase:
         # so "nobody heard the grant" cannot be trusted there.
         self.notify_flag = "0" if is_cluster(client) else "1"
 
+    def member_of(self, waiter_id: str, timeout_ms: int) -> str:
+        """A waiter's record in the lane's queue, as acquire.lua writes it."""
+        return f"{self.notify_flag}:{timeout_ms}:{waiter_id}"
+
     @staticmethod
     def _check_width(width) -> int:
         if isinstance(width, bool) or not isinstance(width, int) or width < 0:

@@ -29,6 +29,7 @@ class Waiter:
 
     id: str
     priority: Priority
+    member: str = ""  # its record in the lane's queue (LaneBase.member_of)
     epoch: int = 0
     renewed_at: float = field(default_factory=time.monotonic)
     # None while waiting; then ('granted', Generation, t) | ('gone',) | ('unavailable', message)
@@ -180,7 +181,7 @@ class Book:
                 gen = item.generation
                 args += ["h", item.holder_id, gen.epoch, gen.counter, int(item.priority)]
             else:
-                args += ["w", item.id, item.epoch, 0, int(item.priority)]
+                args += ["w", item.member, item.epoch, 0, int(item.priority)]
         return args
 
     def apply(self, slot: Slot, entries, reply, sent_at: float, now: float) -> bool:

@@ -1,20 +1,20 @@
 """Every Redis name a lane uses, built in one place.
 
-Layout (``prefix`` defaults to ``lanes:v1``; the version is part of it, so a
+Layout (``prefix`` defaults to ``lanes:v2``; the version is part of it, so a
 change of layout takes a new prefix instead of misreading old keys)::
 
     {prefix}:{<lane key>}:meta      hash  width, epoch, counters, statistics
     {prefix}:{<lane key>}:holders   zset  holder id -> lease deadline (ms)
     {prefix}:{<lane key>}:hinfo     hash  holder id -> generation, grant time, priority
-    {prefix}:{<lane key>}:queue     zset  waiter id -> priority * 2^44 + sequence
-    {prefix}:{<lane key>}:wexp      zset  waiter id -> waiter lease / wait deadline (ms)
-    {prefix}:{<lane key>}:winfo     hash  waiter id -> priority, times, wake channel
+    {prefix}:{<lane key>}:queue     zset  waiter record -> priority * 2^51 + enqueue stamp
+    {prefix}:{<lane key>}:wexp      zset  waiter record -> waiter lease / wait deadline (ms)
     {prefix}:{<lane key>}:waits     list  recent admission waits
     {prefix}:wake:<process token>   pub/sub channel (not a key) that wakes one process's waiters
 
 The lane key (the caller's stable id, e.g. ``pool:42``) is the hash tag, so
 every key of one lane lives in one Redis Cluster slot and one script can touch
-them all. Scripts never build names: they receive these in ``KEYS``.
+them all. Scripts never build key names: they receive these in ``KEYS``. A
+waiter record is ``notify:timeout_ms:id`` (see scripts/lib_base.lua).
 """
 
 from __future__ import annotations
@@ -23,8 +23,9 @@ from dataclasses import dataclass
 
 from lanes.errors import InvalidInput
 
-SUFFIXES = ("meta", "holders", "hinfo", "queue", "wexp", "winfo", "waits")
-DEFAULT_PREFIX = "lanes:v1"
+SUFFIXES = ("meta", "holders", "hinfo", "queue", "wexp", "waits")
+DEFAULT_PREFIX = "lanes:v2"
+PRIO_SPAN = 2**51  # a queue score is priority * PRIO_SPAN + enqueue stamp (lib_base.lua)
 
 
 def check_prefix(prefix: str) -> str:
@@ -42,7 +43,7 @@ def check_lane_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class LaneKeys:
-    """The seven keys of one lane, in the order every script takes them."""
+    """The six keys of one lane, in the order every script takes them."""
 
     prefix: str
     lane: str
@@ -64,7 +65,9 @@ class LaneKeys:
 
 
 def wake_channel(prefix: str, token: str) -> str:
-    """The pub/sub channel on which one process hears grants for its waiters."""
+    """The pub/sub channel on which one process hears grants for its waiters.
+    The scripts derive it from a waiter id ``<token>.<n>`` (lib_base.lua
+    channel_of): the two must agree."""
     return f"{check_prefix(prefix)}:wake:{token}"
 
 

@@ -11,7 +11,7 @@ from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, text, unavailable
 from lanes.lane.book import Waiter
 from lanes.lane.cancel import PLAIN_EVENT_CHECK_SECONDS, CancelEvent
 from lanes.lane.hub import SyncHub, close_hubs, hub_for
-from lanes.lane.keys import lane_of_meta, meta_pattern
+from lanes.lane.keys import DEFAULT_PREFIX, lane_of_meta, meta_pattern
 from lanes.lane.model import Generation, LaneStats, Permit
 from lanes.priority import Priority
 
@@ -58,11 +58,12 @@ class Lane(LaneBase):
         return hub
 
     def _acquire_call(self, hub: SyncHub, waiter_id: str, priority: Priority, timeout_ms: int,
-                      try_only: bool, fresh: bool = False) -> tuple:
+                      try_only: bool, fresh: bool = False, previous: str = "") -> tuple:
         """One acquire script call. ``fresh``: the first call with this id (the
-        script then skips its checks for a rejoining waiter)."""
+        script then skips its checks for a rejoining waiter); ``previous``: the
+        member of this id's earlier queue entry, if any."""
         args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                hub.channel, "1" if try_only else "0", self.notify_flag, "1" if fresh else "0"]
+                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous]
         parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -111,13 +112,15 @@ class Lane(LaneBase):
         except BaseException:
             # The script may have queued us before the reply was lost: leave.
             try:
-                self._leave(hub, Waiter(id=waiter_id, priority=priority), "cancels")
+                self._leave(hub, Waiter(id=waiter_id, priority=priority,
+                                        member=self.member_of(waiter_id, timeout_ms)), "cancels")
             except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
                 pass
             raise
         if parsed[0] == "granted":
             return self._permit(hub, waiter_id, parsed[1], priority, started, started + self.lease_seconds)
-        waiter = Waiter(id=waiter_id, priority=priority, epoch=parsed[1])
+        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
+                        epoch=parsed[1])
         deadline = None if timeout is None else started + timeout
         return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel)
 
@@ -156,7 +159,9 @@ class Lane(LaneBase):
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
                 remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 sent_at = time.monotonic()
-                parsed = self._acquire_call(hub, waiter.id, waiter.priority, remaining_ms, False)
+                parsed = self._acquire_call(hub, waiter.id, waiter.priority, remaining_ms, False,
+                                            previous=waiter.member)
+                waiter.member = self.member_of(waiter.id, remaining_ms)
                 if parsed[0] == "granted":
                     hub.remove_waiter(waiter.id)
                     queued = False
@@ -205,7 +210,7 @@ class Lane(LaneBase):
     def _leave(self, hub: SyncHub, waiter: Waiter, reason: str) -> None:
         """Leave the queue; a slot granted in the same instant goes back. Always raises."""
         hub.remove_waiter(waiter.id)
-        outcome = text(self._run("leave", [waiter.id, reason, self.lease_ms], f"leaving lane {self.key!r}"))
+        outcome = text(self._run("leave", [waiter.member, reason, self.lease_ms], f"leaving lane {self.key!r}"))
         if reason == "cancels":
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled ({outcome}); nothing is held")
         raise AcquireTimeout(f"no slot on lane {self.key!r} within the wait budget ({outcome}); nothing is held")
@@ -275,7 +280,7 @@ class Lane(LaneBase):
         return f"Lane({self.key!r}, prefix={self.prefix!r}, lease={self.lease_seconds}s)"
 
 
-def scan_lane_keys(client, prefix: str = "lanes:v1") -> list[str]:
+def scan_lane_keys(client, prefix: str = DEFAULT_PREFIX) -> list[str]:
     """The keys of every lane with state under ``prefix`` (for ``lanes pools``)."""
     found = set()
     try:

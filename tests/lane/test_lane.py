@@ -133,14 +133,16 @@ def test_a_slot_granted_in_the_same_instant_as_the_timeout_goes_back(make_lane):
     holder = lane.acquire(I, 1.0)
     # A queued waiter (script level), then the release grants to it, then it
     # leaves on timeout before reading its doorbell: the slot must pass on.
-    hub = lane._hub
-    waiter = lane._acquire_call(hub, "late-waiter", I, 10_000, try_only=False)
-    nxt = lane._acquire_call(hub, "next-waiter", I, 10_000, try_only=False)
+    hub = lane._start_hub()
+    late, nxt_id = f"{hub.token}.late", f"{hub.token}.next"  # ids of this process: its channel
+    waiter = lane._acquire_call(hub, late, I, 10_000, try_only=False)
+    nxt = lane._acquire_call(hub, nxt_id, I, 10_000, try_only=False)
     assert waiter[0] == nxt[0] == "queued"
     holder.release()
-    assert lane._script("leave", ["late-waiter", "timeouts", lane.lease_ms]) in (b"returned", "returned")
+    leave = [lane.member_of(late, 10_000), "timeouts", lane.lease_ms]
+    assert lane._script("leave", leave) in (b"returned", "returned")
     holders = lane.client.zrange(LaneKeys(lane.prefix, lane.key).all()[1], 0, -1)
-    assert holders == [b"next-waiter"]
+    assert holders == [nxt_id.encode()]
     assert lane.stats().timeouts == 1
 
 
@@ -366,7 +368,8 @@ def test_a_release_hands_off_past_a_queued_waiter_whose_process_is_gone(make_lan
     # the next waiter in the same call.
     lane = make_lane(width=1)
     holder = lane.acquire(I, 1.0)
-    ghost = ["ghost.1", int(I), 60_000, lane.lease_ms, "1", "lanes:test:wake:nobody", "0", "1", "1"]
+    # Its id names a process token nobody subscribes for.
+    ghost = ["nobody.1", int(I), 60_000, lane.lease_ms, "1", "0", "1", "1", ""]
     assert lane._script("acquire", ghost)[0] in (b"queued", "queued")
     thread, results = start_waiter(lane, I, name="live")
     wait_queued(lane, 2)

@@ -22,6 +22,11 @@ LEASE_MS = 60_000
 CHANNEL = "lanes:test:wake:model"
 
 
+def member(wid: str) -> str:
+    """A waiter's queue record (notify 0, no wait limit), as acquire.lua writes it."""
+    return f"0:-1:{wid}"
+
+
 class Model:
     """What the lane must do, with no Redis: width, holders, a priority queue."""
 
@@ -112,8 +117,9 @@ class LaneMachine(RuleBasedStateMachine):
 
     @rule(priority=st.integers(min_value=0, max_value=2))
     def acquire(self, priority):
-        wid = f"w{next(self.ids)}"
-        reply = self.run("acquire", [wid, priority, -1, LEASE_MS, "", CHANNEL, "0", "1"])
+        # "model.<n>": the scripts wake ids of token "model" on CHANNEL.
+        wid = f"model.{next(self.ids)}"
+        reply = self.run("acquire", [wid, priority, -1, LEASE_MS, "", "0", "0", "1", ""])
         expected = self.model.acquire(wid, priority)
         assert reply[0] == expected
         if expected == "granted":
@@ -144,7 +150,7 @@ class LaneMachine(RuleBasedStateMachine):
         # (a holder that never saw its doorbell) gives the slot back.
         candidates = sorted([e[2] for e in self.model.queue] + sorted(self.model.holders))
         wid = data.draw(st.sampled_from(candidates))
-        reply = self.run("leave", [wid, reason, LEASE_MS])
+        reply = self.run("leave", [member(wid), reason, LEASE_MS])
         expected, granted = self.model.leave(wid)
         assert reply == expected
         assert self.doorbells() == granted
@@ -176,6 +182,20 @@ class LaneMachine(RuleBasedStateMachine):
         codes = self.run("renew", [LEASE_MS, "", "h", wid, epoch, counter, 0])[3:]
         assert codes == ["ok"]
 
+    @rule(data=st.data())
+    @precondition(lambda self: self.model.queue or self.model.holders)
+    def waiter_renews(self, data):
+        # A waiter's renewal keeps its place, or finds its grant (a doorbell
+        # it never read) in the lane.
+        candidates = sorted([e[2] for e in self.model.queue] + sorted(self.model.holders))
+        wid = data.draw(st.sampled_from(candidates))
+        reply = self.run("renew", [LEASE_MS, "", "w", member(wid), 0, 0, 0])
+        if wid in self.model.holders:
+            assert reply[3] == "g:%d:%d" % self.generations[wid]
+        else:
+            assert reply[3] == "q"
+        assert self.doorbells() == []
+
     @invariant()
     def matches_the_model(self):
         if not hasattr(self, "model"):
@@ -183,7 +203,9 @@ class LaneMachine(RuleBasedStateMachine):
         holders = set(self.client.zrange(self.keys[1], 0, -1))
         queue = self.client.zrange(self.keys[3], 0, -1)
         assert holders == self.model.holders
-        assert queue == [e[2] for e in sorted(self.model.queue)]
+        assert queue == [member(e[2]) for e in sorted(self.model.queue)]
+        assert set(self.client.zrange(self.keys[4], 0, -1)) == set(queue), "every waiter has a lease entry"
+        assert int(self.client.hget(self.keys[0], "inflight")) == len(holders), "meta's inflight is ZCARD holders"
         # Never more than W, except holders admitted before a shrink (they drain).
         assert len(holders) <= max(self.model.width, self.max_width_since)
         if len(holders) <= self.model.width:

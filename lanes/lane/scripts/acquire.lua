@@ -1,39 +1,47 @@
 -- acquire.lua: grant at once, or join the queue (or, with try_only, refuse).
--- KEYS: the seven lane keys (see lib_base.lua).
--- ARGV[1] id           waiter/holder id (unique per acquisition)
+-- KEYS: the six lane keys (see lib_base.lua).
+-- ARGV[1] id           waiter/holder id "<process token>.<n>" (unique per acquisition)
 -- ARGV[2] priority     0 interactive, 1 user tool, 2 background
 -- ARGV[3] timeout_ms   wait budget; -1 = no limit (the waiter lease still applies)
 -- ARGV[4] lease_ms     holder lease, and waiter lease until the first renewal
 -- ARGV[5] width        owner's width if the state must be recreated; '' = ask
--- ARGV[6] channel      the caller process's wake channel
--- ARGV[7] try_only     1 = never queue
--- ARGV[8] notify       1 = drop this waiter if a grant finds nobody listening
--- ARGV[9] fresh        1 = first call with this id (it cannot hold or be queued
---                      yet, so those checks are skipped); absent or 0 = check
+-- ARGV[6] try_only     1 = never queue
+-- ARGV[7] notify       1 = drop this waiter if a grant finds nobody listening
+-- ARGV[8] fresh        1 = first call with this id (it cannot hold or be queued
+--                      yet, so those checks are skipped); 0 = check
+-- ARGV[9] previous     0 only: the member of this id's earlier queue entry
+--                      ('' = none), removed so a rejoin makes no second entry
+-- A queued waiter's member is ARGV[7] .. ':' .. ARGV[3] .. ':' .. ARGV[1].
 -- Returns one of:
 --   {'granted', epoch, counter}
---   {'queued', epoch, next_event_ms}   wait for the doorbell on the channel
+--   {'queued', epoch, next_event_ms}   wait for the doorbell on the wake channel
 --   {'busy', epoch}                    try_only and no free slot
 --   {'nostate'}                        state absent and width unknown
 --! include base
 local id, prio, timeout_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local lease_ms = tonumber(ARGV[4])
-local now = now_ms()
+local us = now_us()
+local now = math.floor(us / 1000)
 
 -- Fast path (the common uncontended call): a fresh id, state present, not
 -- quiet, nothing due for reaping, nobody queued and a slot free. Inline, with
 -- no helper beyond lib_base, so it creates no closure and no table of its own.
-if ARGV[9] == '1' then
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at')
+if ARGV[8] == '1' then
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at', 'counter', 'inflight')
   local reap_at = tonumber(m[4])
-  if m[1] and reap_at and now < reap_at and now >= tonumber(m[3])
-      and redis.call('ZCARD', K_QUEUE) == 0 and redis.call('ZCARD', K_HOLDERS) < tonumber(m[1]) then
-    local counter = redis.call('HINCRBY', K_META, 'counter', 1)
+  local inflight = tonumber(m[6])
+  if m[1] and reap_at and inflight and now < reap_at and now >= tonumber(m[3])
+      and inflight < tonumber(m[1]) and redis.call('ZCARD', K_QUEUE) == 0 then
+    local counter = tonumber(m[5]) + 1
     local deadline = now + lease_ms
+    -- now, counter and deadline are below 10^14: '..' writes them exactly.
+    if deadline < reap_at then
+      redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, 'reap_at', deadline)
+    else
+      redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+    end
     redis.call('ZADD', K_HOLDERS, deadline, id)
-    -- now, counter and ARGV[2] are below 10^14: '..' writes them exactly.
     redis.call('HSET', K_HINFO, id, m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2])
-    if deadline < reap_at then redis.call('HSET', K_META, 'reap_at', deadline) end
     if redis.call('LPUSH', K_WAITS, ARGV[2] .. ':0') > WAITS_KEEP + WAITS_SLACK then
       redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
     end
@@ -51,7 +59,7 @@ if queued > 0 then
   queued = redis.call('ZCARD', K_QUEUE)
 end
 
-if ARGV[9] ~= '1' then
+if ARGV[8] ~= '1' then
   -- A repeated call with the same id (a waiter rejoining after its place
   -- lapsed) must not make a second entry or a second holder.
   local held = redis.call('HGET', K_HINFO, id)
@@ -59,29 +67,29 @@ if ARGV[9] ~= '1' then
     local epoch, counter = parse_hinfo(held)
     return {'granted', epoch, counter}
   end
-  if redis.call('ZSCORE', K_QUEUE, id) then
-    unqueue(id)
+  if ARGV[9] and ARGV[9] ~= '' and redis.call('ZREM', K_QUEUE, ARGV[9]) == 1 then
+    redis.call('ZREM', K_WEXP, ARGV[9])
     queued = queued - 1
   end
 end
 
-if now >= st.quiet_until and queued == 0 and redis.call('ZCARD', K_HOLDERS) < st.width then
+if now >= st.quiet_until and queued == 0 and st.inflight < st.width then
   local counter = grant(st, id, prio, now, lease_ms)
   record_wait(prio, 0)
   return {'granted', fmt(st.epoch), fmt(counter)}
 end
-if ARGV[7] == '1' then return {'busy', fmt(st.epoch)} end
+if ARGV[6] == '1' then return {'busy', fmt(st.epoch)} end
 
-local seq = redis.call('HINCRBY', K_META, 'seq', 1)
-local deadline = -1
+-- The enqueue stamp: microseconds since the epoch, past the last one.
+local seq = us - st.epoch * 1000
+local last = tonumber(redis.call('HGET', K_META, 'seq')) or 0
+if seq <= last then seq = last + 1 end
+redis.call('HSET', K_META, 'seq', fmt(seq))
 local wexp = now + lease_ms
-if timeout_ms >= 0 then
-  deadline = now + timeout_ms
-  if deadline < wexp then wexp = deadline end
-end
-redis.call('ZADD', K_QUEUE, prio * PRIO_SPAN + seq, id)
-redis.call('ZADD', K_WEXP, wexp, id)
+if timeout_ms >= 0 and now + timeout_ms < wexp then wexp = now + timeout_ms end
+local member = ARGV[7] .. ':' .. ARGV[3] .. ':' .. id
+-- fmt: '..' and redis.call would write this 16-digit score in 14 digits.
+redis.call('ZADD', K_QUEUE, fmt(prio * PRIO_SPAN + seq), member)
+redis.call('ZADD', K_WEXP, wexp, member)
 lower_reap_at(st, wexp)
-redis.call('HSET', K_WINFO, id,
-  prio .. ':' .. fmt(now) .. ':' .. fmt(deadline) .. ':' .. ARGV[8] .. ':' .. ARGV[6])
 return {'queued', fmt(st.epoch), next_event(st, now)}

@@ -1,14 +1,14 @@
 -- leave.lua: a waiter stops waiting (its budget ran out, or it was cancelled).
 -- If a slot was handed to it in the same instant, the slot goes back to the
 -- next waiter, so nothing leaks and nobody holds after being told it did not.
--- KEYS: the seven lane keys (see lib_base.lua).
--- ARGV[1] id        waiter id
+-- KEYS: the six lane keys (see lib_base.lua).
+-- ARGV[1] member    the waiter's member (see lib_base.lua)
 -- ARGV[2] reason    'timeouts' or 'cancels' (the counter to bump)
 -- ARGV[3] lease_ms  lease for the holder a returned slot is handed to
 -- Returns 'left' (was queued), 'returned' (had been granted; slot passed on)
 -- or 'gone' (already removed: its deadline or lease had lapsed, counted then).
 --! include reap handoff
-local id, reason, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local member, reason, lease_ms = ARGV[1], ARGV[2], tonumber(ARGV[3])
 if reason ~= 'timeouts' and reason ~= 'cancels' then
   return redis.error_reply('leave: reason must be timeouts or cancels, got ' .. reason)
 end
@@ -16,7 +16,12 @@ local now = now_ms()
 local st = load_state(now, '', lease_ms)
 if not st then return 'gone' end
 local outcome = 'gone'
-if unqueue(id) then
+local _, _, id = parse_waiter(member)
+if not id then
+  return redis.error_reply('leave: waiter member must be notify:timeout_ms:id, got ' .. member)
+end
+if redis.call('ZREM', K_QUEUE, member) == 1 then
+  redis.call('ZREM', K_WEXP, member)
   outcome = 'left'
 elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
   unhold(st, id, now, nil)

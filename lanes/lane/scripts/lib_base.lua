@@ -7,29 +7,40 @@
 -- their fast path: each call of a script runs the top level of everything it
 -- includes (a closure per local function), so what is not included costs nothing.
 --
--- Every script of a lane takes the same seven KEYS, all sharing one hash tag
+-- Every script of a lane takes the same six KEYS, all sharing one hash tag
 -- (one Redis Cluster slot); lanes/lane/keys.py builds them:
---   KEYS[1] meta     hash  width, epoch, counter (last generation), seq (enqueue
---                          counter), quiet_until (ms), reap_at (ms), returned,
---                          timeouts, cancels, expired, lapsed, hold_ewma_ms, hold_n
+--   KEYS[1] meta     hash  width, epoch, counter (last generation), inflight
+--                          (holders), seq (last enqueue stamp), quiet_until (ms),
+--                          reap_at (ms), returned, timeouts, cancels, expired,
+--                          lapsed, hold_ewma_ms, hold_n
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
---   KEYS[4] queue    zset  waiter id -> priority * 2^44 + seq (class, then arrival)
---   KEYS[5] wexp     zset  waiter id -> min(waiter lease deadline, wait deadline)
---   KEYS[6] winfo    hash  waiter id -> "priority:enqueued_ms:deadline_ms:notify:channel"
---                          (deadline_ms -1 = no wait limit; notify 1 = the grant
---                          must reach a subscriber or the waiter is dropped)
---   KEYS[7] waits    list  recent admission waits "priority:ms", newest first
+--   KEYS[4] queue    zset  waiter -> priority * PRIO_SPAN + seq (class, then arrival)
+--   KEYS[5] wexp     zset  waiter -> min(waiter lease deadline, wait deadline)
+--   KEYS[6] waits    list  recent admission waits "priority:ms", newest first
+--
+-- A waiter's member (in queue and wexp) is its whole record,
+-- "notify:timeout_ms:id", so the head of the queue comes with everything a
+-- grant needs and a waiter leaves with ZREM alone. notify 1 = the grant must
+-- reach a subscriber or the waiter is dropped; timeout_ms -1 = no wait limit.
+-- seq is the enqueue time in microseconds since the epoch, raised past the
+-- previous one when two arrive in the same microsecond: it orders arrivals
+-- and dates them (the admission wait of a grant is now - seq).
+-- A waiter with id "<token>.<n>" is woken on "<prefix>:wake:<token>", its
+-- process's channel (keys.py wake_channel).
 --
 -- Grants counted = counter - returned (a grant taken back, e.g. by a waiter
 -- that left in the same instant, bumps 'returned'), so a grant writes one
--- counter. reap_at is a lower bound of every score in holders and wexp (absent
--- = 0): acquire and release skip the reap while now < reap_at; every other
--- script reaps in full and stores the exact bound again.
+-- counter. inflight = ZCARD holders, kept in meta so the hot paths read it
+-- with the rest of the state. reap_at is a lower bound of every score in
+-- holders and wexp (absent = 0): acquire and release skip the reap while
+-- now < reap_at; every other script reaps in full and stores the exact bound.
 local K_META, K_HOLDERS, K_HINFO, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_WEXP, K_WINFO, K_WAITS = KEYS[5], KEYS[6], KEYS[7]
+local K_WEXP, K_WAITS = KEYS[5], KEYS[6]
 
-local PRIO_SPAN = 17592186044416 -- 2^44; exact in a double up to priority 255
+-- 2^51: seq is below it for 71 years of a lane's state, and priority * 2^51
+-- + seq stays an exact double for the three priorities (0..2).
+local PRIO_SPAN = 2251799813685248
 local REAP_MAX = 64               -- expired entries removed per call (bounded work)
 local GRANT_MAX = 256             -- grants per call; callers loop on the 'more' flag
 local WAITS_KEEP = 512            -- admission-wait samples kept for p50/p95
@@ -37,11 +48,15 @@ local WAITS_SLACK = 64            -- the list is trimmed back to WAITS_KEEP past
 local EWMA_ALPHA = 0.1            -- weight of the newest hold time
 local NEVER = 9007199254740992    -- 2^53: reap_at when nothing can expire
 
-local function now_ms()
+local function now_us()
   -- Server time: every lease and wait deadline is on one clock (Redis >= 5
   -- replicates script effects, so TIME is allowed before writes).
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  return tonumber(t[1]) * 1000000 + tonumber(t[2])
+end
+
+local function now_ms()
+  return math.floor(now_us() / 1000)
 end
 
 local function fmt(n) return string.format('%d', n) end

@@ -8,35 +8,35 @@
 -- Returns true when slots and waiters remain after GRANT_MAX steps.
 local function grant_free(st, now, lease_ms)
   if now < st.quiet_until then return false end
-  local free = st.width - redis.call('ZCARD', K_HOLDERS)
   local steps = 0
-  while free > 0 and steps < GRANT_MAX do
+  while st.width - st.inflight > 0 and steps < GRANT_MAX do
     steps = steps + 1
-    local head = redis.call('ZRANGE', K_QUEUE, 0, 0)
+    local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
     if #head == 0 then return false end
-    local id = head[1]
-    local exp = tonumber(redis.call('ZSCORE', K_WEXP, id))
+    local member, score = head[1], tonumber(head[2])
+    local exp = tonumber(redis.call('ZSCORE', K_WEXP, member))
     if exp == nil or exp <= now then
-      drop_waiter(id, now)
+      drop_waiter(st, member, now)
     else
-      local info = unqueue(id)
-      local prio, enq, _, notify, channel = parse_winfo(info)
+      redis.call('ZREM', K_QUEUE, member)
+      redis.call('ZREM', K_WEXP, member)
+      local notify, _, id = parse_waiter(member)
+      local prio = math.floor(score / PRIO_SPAN)
       local counter = grant(st, id, prio, now, lease_ms)
-      local heard = redis.call('PUBLISH', channel,
+      local heard = redis.call('PUBLISH', channel_of(id),
         id .. ' ' .. fmt(st.epoch) .. ' ' .. fmt(counter))
-      if notify and heard == 0 then
+      if notify == '1' and heard == 0 then
         -- Nobody listens for this waiter: its process is gone. Take the
         -- slot back at once rather than strand it for a lease period.
         unhold(st, id, now, nil)
         redis.call('HINCRBY', K_META, 'returned', 1)
         redis.call('HINCRBY', K_META, 'lapsed', 1)
       else
-        record_wait(prio, now - enq)
-        free = free - 1
+        record_wait(prio, now - enqueued_ms(st, score))
       end
     end
   end
-  return free > 0 and redis.call('ZCARD', K_QUEUE) > 0
+  return st.width - st.inflight > 0 and redis.call('ZCARD', K_QUEUE) > 0
 end
 
 -- Milliseconds until the next thing that may free a slot without anyone

@@ -8,6 +8,7 @@ end
 
 local function record_wait(prio, wait_ms)
   -- Trimmed in batches: one LPUSH per grant, an LTRIM every WAITS_SLACK.
+  if wait_ms < 0 then wait_ms = 0 end
   local n = redis.call('LPUSH', K_WAITS, prio .. ':' .. fmt(wait_ms))
   if n > WAITS_KEEP + WAITS_SLACK then redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1) end
 end
@@ -18,6 +19,7 @@ local function grant(st, id, prio, now, lease_ms)
   local deadline = now + lease_ms
   redis.call('ZADD', K_HOLDERS, deadline, id)
   redis.call('HSET', K_HINFO, id, fmt(st.epoch) .. ':' .. fmt(counter) .. ':' .. fmt(now) .. ':' .. prio)
+  add_inflight(st, 1)
   lower_reap_at(st, deadline)
   return counter, deadline
 end
@@ -27,6 +29,7 @@ end
 local function unhold(st, id, now, info)
   redis.call('ZREM', K_HOLDERS, id)
   redis.call('HDEL', K_HINFO, id)
+  add_inflight(st, -1)
   if info then
     local _, _, granted = parse_hinfo(info)
     local hold = now - granted

@@ -1,27 +1,38 @@
--- lib_queue.lua: waiter entries (queue, wexp, winfo).
+-- lib_queue.lua: waiter entries (queue and wexp; the member is the record).
 --! include base
 
-local function parse_winfo(info)
-  local prio, enq, deadline, notify, channel =
-    string.match(info, '^(%d+):(%d+):(-?%d+):(%d):(.*)$')
-  return tonumber(prio), tonumber(enq), tonumber(deadline), notify == '1', channel
+-- The fields of a waiter's member: notify ('1'/'0'), timeout_ms, id.
+local function parse_waiter(member)
+  local notify, timeout, id = string.match(member, '^(%d):(%-?%d+):(.+)$')
+  return notify, tonumber(timeout), id
 end
 
--- Remove a waiter from every waiter structure; returns its winfo (or false).
-local function unqueue(id)
-  local info = redis.call('HGET', K_WINFO, id)
-  redis.call('ZREM', K_QUEUE, id)
-  redis.call('ZREM', K_WEXP, id)
-  redis.call('HDEL', K_WINFO, id)
-  return info
+-- The wake channel of the process a waiter id belongs to.
+local function channel_of(id)
+  local token = string.match(id, '^(.*)%.[^.]*$') or id
+  return string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:' .. token
+end
+
+-- Milliseconds since the epoch at which a waiter queued (see seq, lib_base.lua).
+local function enqueued_ms(st, score)
+  return st.epoch + math.floor((score % PRIO_SPAN) / 1000)
+end
+
+-- A waiter's wait deadline (ms), or nil for no limit.
+local function wait_deadline(st, score, timeout)
+  if timeout < 0 then return nil end
+  return enqueued_ms(st, score) + timeout
 end
 
 -- A waiter leaves without a grant: count why (its own deadline, or its lease).
-local function drop_waiter(id, now)
-  local info = unqueue(id)
-  if not info then return end
-  local _, _, deadline = parse_winfo(info)
-  if deadline >= 0 and deadline <= now then
+local function drop_waiter(st, member, now)
+  local score = tonumber(redis.call('ZSCORE', K_QUEUE, member))
+  redis.call('ZREM', K_QUEUE, member)
+  redis.call('ZREM', K_WEXP, member)
+  if not score then return end
+  local _, timeout = parse_waiter(member)
+  local deadline = wait_deadline(st, score, timeout)
+  if deadline and deadline <= now then
     redis.call('HINCRBY', K_META, 'timeouts', 1)
   else
     redis.call('HINCRBY', K_META, 'lapsed', 1)

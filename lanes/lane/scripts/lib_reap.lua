@@ -8,7 +8,7 @@ local function reap(st, now)
   for i = 1, #gone do unhold(st, gone[i], now, nil) end
   if #gone > 0 then redis.call('HINCRBY', K_META, 'expired', #gone) end
   local lapsed = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, REAP_MAX)
-  for i = 1, #lapsed do drop_waiter(lapsed[i], now) end
+  for i = 1, #lapsed do drop_waiter(st, lapsed[i], now) end
   local next_at = NEVER
   local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
   if #h == 2 then next_at = tonumber(h[2]) end

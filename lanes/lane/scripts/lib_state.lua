@@ -6,10 +6,11 @@
 -- asks the owner (catalog or constructor) and calls again.
 local function load_state(now, width_arg, lease_ms)
   local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at',
-    'hold_ewma_ms', 'hold_n')
+    'hold_ewma_ms', 'hold_n', 'inflight')
   if m[1] then
     return {width = tonumber(m[1]), epoch = tonumber(m[2]), quiet_until = tonumber(m[3]),
-      reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), hold_n = tonumber(m[6]) or 0}
+      reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), hold_n = tonumber(m[6]) or 0,
+      inflight = tonumber(m[7]) or 0}
   end
   if width_arg == nil or width_arg == '' then return nil end
   -- No state: a new lane, or Redis lost it (restart without persistence).
@@ -17,11 +18,12 @@ local function load_state(now, width_arg, lease_ms)
   -- period so they can re-register by renewal, so the lane never admits more
   -- than W because Redis forgot who held. Leftover keys of a partial loss are
   -- cleared so that every structure belongs to the new epoch.
-  redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP, K_WINFO)
+  redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP)
   local quiet = now + lease_ms
-  redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0,
+  redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0, 'inflight', 0,
     'seq', 0, 'quiet_until', fmt(quiet))
-  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, hold_n = 0}
+  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, hold_n = 0,
+    inflight = 0}
 end
 
 -- A score was written to holders or wexp: keep reap_at a lower bound.
@@ -30,4 +32,9 @@ local function lower_reap_at(st, score)
     st.reap_at = score
     redis.call('HSET', K_META, 'reap_at', fmt(score))
   end
+end
+
+-- holders gained (n > 0) or lost (n < 0) entries.
+local function add_inflight(st, n)
+  st.inflight = redis.call('HINCRBY', K_META, 'inflight', n)
 end

@@ -1,5 +1,5 @@
 -- peek.lua: read the lane's statistics (and reap, so counts are current).
--- KEYS: the seven lane keys (see lib_base.lua).
+-- KEYS: the six lane keys (see lib_base.lua).
 -- ARGV[1] lease_ms  lease for holders a reap hands slots to
 -- ARGV[2] samples   1 = include the admission-wait samples (stats), 0 = not
 --                   (forecast: O(log n), no list read)
@@ -21,7 +21,7 @@ m[3] = (tonumber(m[3]) or 0) - (tonumber(m[8]) or 0)
 local out = {st.width, redis.call('ZCARD', K_HOLDERS)}
 for p = 0, 2 do
   -- ZCOUNT is O(log n): the score ranges of one priority class.
-  out[#out + 1] = redis.call('ZCOUNT', K_QUEUE, p * PRIO_SPAN, '(' .. fmt((p + 1) * PRIO_SPAN))
+  out[#out + 1] = redis.call('ZCOUNT', K_QUEUE, fmt(p * PRIO_SPAN), '(' .. fmt((p + 1) * PRIO_SPAN))
 end
 out[#out + 1] = m[1] or ''
 for i = 2, 7 do out[#out + 1] = tonumber(m[i]) or 0 end

@@ -1,12 +1,12 @@
 -- renew.lua: one batched renewal of a process's holders and waiters on a lane,
 -- plus the reap-and-handoff any call does (so a process with waiters that wakes
 -- at the earliest lease expiry reaps crashed holders even when no one else acts).
--- KEYS: the seven lane keys (see lib_base.lua).
+-- KEYS: the six lane keys (see lib_base.lua).
 -- ARGV[1] lease_ms  new lease length from now
 -- ARGV[2] width     owner's width if the state must be recreated; '' = ask
 -- ARGV[3..] entries of 5 fields each:
 --   kind     'h' holder or 'w' waiter
---   id
+--   id       holder: its id; waiter: its member (see lib_base.lua)
 --   epoch    holder: epoch of its generation; waiter: epoch it queued in
 --   counter  holder: counter of its generation; waiter: 0
 --   priority
@@ -36,22 +36,24 @@ for i = 0, n - 1 do
       else
         code = 'lost'
       end
-    elseif tonumber(epoch) < st.epoch and now < st.quiet_until
-        and redis.call('ZCARD', K_HOLDERS) < st.width then
+    elseif tonumber(epoch) < st.epoch and now < st.quiet_until and st.inflight < st.width then
       -- A holder from before a state loss, inside the quiet period: take it
       -- back with its old generation (new grants all carry the new, larger
       -- epoch). Capped at the width: the lane never admits more than W.
       redis.call('ZADD', K_HOLDERS, deadline, id)
       redis.call('HSET', K_HINFO, id, epoch .. ':' .. counter .. ':' .. fmt(now) .. ':' .. prio)
+      add_inflight(st, 1)
       code = 'rereg'
     else
       code = 'lost'
     end
   else
-    if redis.call('ZSCORE', K_QUEUE, id) then
-      local _, _, wait_deadline = parse_winfo(redis.call('HGET', K_WINFO, id))
+    local score = tonumber(redis.call('ZSCORE', K_QUEUE, id))
+    if score then
+      local _, timeout = parse_waiter(id)
       local exp = deadline
-      if wait_deadline >= 0 and wait_deadline < exp then exp = wait_deadline end
+      local wait_until = wait_deadline(st, score, timeout)
+      if wait_until and wait_until < exp then exp = wait_until end
       if tonumber(redis.call('ZSCORE', K_WEXP, id)) > now then
         redis.call('ZADD', K_WEXP, exp, id)
         code = 'q'
@@ -59,7 +61,8 @@ for i = 0, n - 1 do
         code = 'x'   -- lapsed already; the reap below removes it
       end
     else
-      local info = redis.call('HGET', K_HINFO, id)
+      local _, _, wid = parse_waiter(id)
+      local info = wid and redis.call('HGET', K_HINFO, wid)
       if info then
         local e, c = parse_hinfo(info)
         code = 'g:' .. e .. ':' .. c

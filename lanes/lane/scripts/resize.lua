@@ -1,7 +1,7 @@
 -- resize.lua: set the width at once. A shrink revokes nobody (holders drain);
 -- a growth hands the new slots to waiters in this call (bounded; the client
 -- calls again while 'more').
--- KEYS: the seven lane keys (see lib_base.lua).
+-- KEYS: the six lane keys (see lib_base.lua).
 -- ARGV[1] width     new width (>= 0)
 -- ARGV[2] lease_ms  lease for holders granted here
 -- Returns {old_width, more}.
