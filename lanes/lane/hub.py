@@ -342,9 +342,18 @@ class SyncHub:
         except ValueError:
             log.warning("ignored malformed doorbell message %r", data)
             return
+        leader = self._leader
+        if leader is not None and leader.outcome is None and leader.id == waiter_id:
+            # The reading thread's own grant (the common case: the only
+            # waiter of its process). Set without the lock: only this thread
+            # consumes its outcome, and the renewer, which sets outcomes under
+            # the lock, sets one only while it is None, and for a waiter that
+            # holds a grant it can only find that same grant.
+            leader.outcome = ("granted", generation, time.monotonic())
+            return
         with self._cond:
             # Only the leading thread reads: a grant to itself needs no wake.
-            self.book.deliver_grant(waiter_id, generation, time.monotonic(), self._leader)
+            self.book.deliver_grant(waiter_id, generation, time.monotonic(), leader)
 
     def _renew_loop(self) -> None:
         while True:
