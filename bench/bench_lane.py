@@ -148,16 +148,17 @@ class Bench:
         self._settle_rts: list[float] = []
         across, floor = self._handoff_across_processes(rounds)
         latencies = self._handoff_in_thread(rounds)
-        # The unit: bare round trips timed in the same rounds, right before
-        # each timed release (see _settle), so it sees the machine the
-        # handoffs saw; one taken back to back afterwards is printed too.
+        # The unit: the bare round trip made right before each timed release
+        # (the last of _settle's), so it sees the machine the handoffs saw;
+        # the first round trips after the pause are slower (cold) and are
+        # not used. One taken back to back afterwards is printed too.
         rt = statistics.median(self._settle_rts)
         rt_after = self.bare_rt()
         x50, x99 = pct(across, 50), pct(across, 99)
         f50 = pct(floor, 50)
         p50, p99 = pct(latencies, 50), pct(latencies, 99)
-        print(f"handoff latency: release called -> the waiter running; RT = a bare round trip timed in the same "
-              f"rounds ({rt*1e6:.0f} us; {rt_after*1e6:.0f} us back to back afterwards)")
+        print(f"handoff latency: release called -> the waiter running; RT = the bare round trip right before each "
+              f"release ({rt*1e6:.0f} us; {rt_after*1e6:.0f} us back to back afterwards)")
         line("p50, waiter in another process (a fleet: workers hand slots to each other)",
              f"{x50/rt:.2f} RT ({x50*1e6:.0f} us)", "<= 3 RT", x50 / rt <= 3)
         line("p99, waiter in another process", f"{x99/rt:.2f} RT ({x99*1e6:.0f} us)")
@@ -170,15 +171,15 @@ class Bench:
     def _settle(self, ready) -> None:
         """Until ``ready()`` (the waiter queued, or the floor's subscriber
         armed), then 2 ms for it to fall asleep on its doorbell, then a few
-        bare round trips, so the timed call does not start cold; they are
-        kept as the handoff's unit."""
+        bare round trips, so the timed call does not start cold; the last
+        one is kept as the handoff's unit."""
         while not ready():
             time.sleep(0.0002)
         time.sleep(0.002)
         for _ in range(5):
             t = time.perf_counter()
             self.trivial(keys=["lanes:bench:trivial"], args=[])
-            self._settle_rts.append(time.perf_counter() - t)
+        self._settle_rts.append(time.perf_counter() - t)
 
     def _handoff_in_thread(self, rounds: int) -> list[float]:
         lane = self.lane("handoff", 1)

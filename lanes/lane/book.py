@@ -12,6 +12,7 @@ to ``BATCH`` entries so a script never runs long), not one per holder.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -66,6 +67,9 @@ class Book:
         # dropped one costs that waiter one renewal period (the renewal finds
         # the grant), as any lost doorbell does.
         self.unclaimed: dict[str, tuple] = {}
+        # Granted waiters turned holders, registered without the lock (see
+        # defer_holder) and folded in by the next locked call.
+        self.pending: deque = deque()
 
     def _slot(self, lane) -> Slot:
         slot = self.slots.get(id(lane))
@@ -82,7 +86,25 @@ class Book:
 
     # --- registration -------------------------------------------------------------
 
+    def defer_holder(self, lane, permit: Permit, waiter_id: str) -> None:
+        """Register a granted waiter's permit without the lock: the woken
+        waiter returns at once, and the next locked call (at the latest the
+        renewer's next plan, due within a renewal period) moves the entry
+        from waiter to holder. Only for a waiter still registered on the
+        lane: its entry keeps the lane's slot, and so its renewal plan, alive
+        until then. (``deque.append`` is atomic.)"""
+        self.pending.append((lane, permit, waiter_id))
+
+    def _fold_pending(self) -> None:
+        pending = self.pending
+        while pending:
+            lane, permit, waiter_id = pending.popleft()
+            self.remove_waiter(waiter_id)
+            self._slot(lane).holders[permit.holder_id] = permit
+
     def add_waiter(self, lane, waiter: Waiter) -> None:
+        if self.pending:
+            self._fold_pending()
         slot = self._slot(lane)
         slot.waiters[waiter.id] = waiter
         self.waiter_slot[waiter.id] = slot
@@ -91,6 +113,8 @@ class Book:
             waiter.outcome = early
 
     def remove_waiter(self, waiter_id: str) -> Waiter | None:
+        if self.pending:
+            self._fold_pending()
         slot = self.waiter_slot.pop(waiter_id, None)
         if slot is None:
             return None
@@ -99,9 +123,13 @@ class Book:
         return waiter
 
     def add_holder(self, lane, permit: Permit) -> None:
+        if self.pending:
+            self._fold_pending()
         self._slot(lane).holders[permit.holder_id] = permit
 
     def remove_holder(self, lane, holder_id: str) -> None:
+        if self.pending:
+            self._fold_pending()
         slot = self.slots.get(id(lane))
         if slot is not None:
             slot.holders.pop(holder_id, None)
@@ -154,6 +182,8 @@ class Book:
     def due_batches(self, now: float) -> list[tuple[Slot, list[tuple[str, Any]]]]:
         """(slot, entries) chunks of every lane that is due; entries are
         ('h', Permit) or ('w', Waiter)."""
+        if self.pending:
+            self._fold_pending()
         out = []
         for slot in list(self.slots.values()):
             if slot.next_time() > now:

@@ -175,11 +175,13 @@ class SyncHub:
             return self.book.remove_waiter(waiter_id)
 
     def add_holder(self, lane, permit: Permit, was_waiter: str | None = None) -> None:
-        """Register a permit; ``was_waiter`` (a granted waiter's id) is
-        unregistered in the same step (one lock on the handoff's path)."""
+        """Register a permit; ``was_waiter`` (a granted waiter's id, still
+        registered) is unregistered in the same step, without the lock on
+        the handoff's path (Book.defer_holder)."""
+        if was_waiter is not None:
+            self.book.defer_holder(lane, permit, was_waiter)
+            return
         with self.lock:
-            if was_waiter is not None:
-                self.book.remove_waiter(was_waiter)
             self.book.add_holder(lane, permit)
             if self.book.new_slot:
                 self.book.new_slot = False

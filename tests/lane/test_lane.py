@@ -210,6 +210,33 @@ def test_long_holds_are_renewed_in_the_background(make_lane):
     assert permit.release() is True
 
 
+def test_a_waiter_granted_by_handoff_is_renewed_as_a_holder(make_lane):
+    # The woken waiter registers its permit without the hub's lock; the
+    # renewer must still move it from waiter to holder and keep it alive.
+    lane = make_lane(width=1, lease_seconds=0.3)
+    holder = lane.acquire(I, 1.0)
+    thread, results = start_waiter(lane, I, name="w")
+    wait_queued(lane, 1)
+    holder.release()
+    thread.join(5.0)
+    permit = results["w"]
+    assert not isinstance(permit, Exception)
+    time.sleep(1.2)  # four leases
+    assert not permit.lost.is_set()
+    permit.check()
+    book = lane._hub.book
+    with lane._hub.lock:
+        book.due_batches(0.0)  # folds pending registrations; nothing is due at time 0
+        assert permit.holder_id not in book.waiter_slot, "the granted waiter is no longer renewed as a waiter"
+        assert any(permit.holder_id in slot.holders for slot in book.slots.values())
+    stats = lane.stats()
+    assert stats.expired == 0 and stats.in_flight == 1
+    assert permit.release() is True
+    with lane._hub.lock:
+        assert all(permit.holder_id not in slot.holders for slot in book.slots.values())
+    assert lane.stats().in_flight == 0
+
+
 def test_a_crashed_waiter_never_strands_a_slot(make_lane):
     lane = make_lane(width=1, lease_seconds=0.3)
     ghost = make_lane(width=1, lease_seconds=0.3, provision=False)
