@@ -97,8 +97,9 @@ class SyncRunner:
     fails, or is interrupted between send and reply, is dropped (disconnected
     and given back to the pool) and the call is made again through
     ``execute_command``, so the client's own retry policy and reconnection
-    apply exactly as before. After a fork the list is discarded (the child
-    must not share the parent's sockets).
+    apply exactly as before. After a fork the child's runners drop their
+    lists (the child must not share the parent's sockets; an
+    ``os.register_at_fork`` hook, so no call pays a ``getpid``).
     """
 
     def __init__(self, client, scripts: dict) -> None:
@@ -116,7 +117,7 @@ class SyncRunner:
                               and getattr(pool, "max_connections", 0) >= MIN_POOL_ROOM
                               and getattr(pool, "cache", None) is None) else None
         self._free: list = []
-        self._pid = os.getpid()
+        _all_runners.add(self)
 
     def __call__(self, name: str, keys: list, args: list):
         script = self.scripts[name]
@@ -130,9 +131,6 @@ class SyncRunner:
         pool = self._pool
         if pool is None:
             return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
-        if self._pid != os.getpid():
-            self._free = []  # a forked child: the parent's sockets are not ours
-            self._pid = os.getpid()
         try:
             conn = self._free.pop()
         except IndexError:
@@ -176,13 +174,23 @@ class SyncRunner:
     def close(self) -> None:
         """Give the kept connections back to the pool."""
         free, self._free = self._free, []
-        if self._pid != os.getpid() or self._pool is None:
+        if self._pool is None:
             return
         for conn in free:
             self._pool.release(conn)
 
 
 _runners: weakref.WeakKeyDictionary[object, SyncRunner] = weakref.WeakKeyDictionary()
+_all_runners: "weakref.WeakSet[SyncRunner]" = weakref.WeakSet()
+
+
+def _forget_parent_connections() -> None:
+    # In a forked child: the kept connections' sockets are the parent's.
+    for runner in list(_all_runners):
+        runner._free = []
+
+
+os.register_at_fork(after_in_child=_forget_parent_connections)
 
 
 def runner_for(client) -> SyncRunner:

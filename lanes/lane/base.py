@@ -142,7 +142,7 @@ class LaneBase:
         width, in_flight = int(reply[0]), int(reply[1])
         queued = {p: int(reply[2 + p]) for p in Priority}
         ewma = text(reply[5])
-        hold_n = int(reply[6])
+        measured = int(reply[6]) == 1
         samples: dict[Priority, list[float]] = {p: [] for p in Priority}
         every: list[float] = []
         for raw in reply[14:]:
@@ -152,7 +152,7 @@ class LaneBase:
             every.append(seconds)
         return LaneStats(
             key=self.key, width=width, in_flight=in_flight, queued=queued,
-            mean_hold_seconds=(float(ewma) / 1000.0) if ewma and hold_n else None,
+            mean_hold_seconds=(float(ewma) / 1000.0) if ewma and measured else None,
             wait_p50_seconds=percentile(every, 50), wait_p95_seconds=percentile(every, 95),
             wait_p50_by_priority={p: percentile(samples[p], 50) for p in Priority},
             wait_p95_by_priority={p: percentile(samples[p], 95) for p in Priority},

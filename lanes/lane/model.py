@@ -94,11 +94,12 @@ class Permit:
 
     def _claim_release(self) -> bool:
         """True exactly once: the caller that gets True sends the release."""
-        with self._release_lock:
-            if self._released:
-                return False
-            self._released = True
-            return True
+        # The lock is taken once and never given back: only the first
+        # caller gets it.
+        if not self._release_lock.acquire(False):
+            return False
+        self._released = True
+        return True
 
     def release(self):
         return self._lane.release(self)

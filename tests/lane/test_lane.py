@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 
@@ -407,6 +408,33 @@ def test_a_release_hands_off_past_a_queued_waiter_whose_process_is_gone(make_lan
     stats = lane.stats()
     assert stats.in_flight == 1 and stats.queued_total == 0 and stats.lapsed_waiters == 1
     permit.release()
+
+
+def test_a_forked_child_never_uses_the_parents_script_connections(make_lane):
+    lane = make_lane(width=2)
+    lane.acquire(I, 1.0).release()
+    runner = lane._scripts
+    kept = list(runner._free)  # referenced, so no new object can reuse their ids
+    parents = {id(conn) for conn in kept}
+    assert parents, "the runner keeps a connection between calls"
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, never return into pytest
+        verdict = b"no"
+        try:
+            emptied = runner._free == []
+            reply = lane._script("peek", [lane.lease_ms, 0])
+            fresh = all(id(conn) not in parents for conn in runner._free)
+            verdict = b"ok" if emptied and fresh and int(reply[0]) == 2 else b"no"
+        finally:
+            os.write(write_end, verdict)
+            os._exit(0)
+    os.close(write_end)
+    verdict = os.read(read_end, 16)
+    os.waitpid(pid, 0)
+    os.close(read_end)
+    assert verdict == b"ok"
+    lane.acquire(I, 1.0).release()  # the parent's kept connection still works
 
 
 def test_a_script_connection_dropped_by_the_server_is_replaced(make_lane):

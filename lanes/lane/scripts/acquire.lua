@@ -23,16 +23,17 @@ local lease_ms = tonumber(ARGV[4])
 local us = now_us()
 local now = math.floor(us / 1000)
 
--- Fast path (the common uncontended call): a fresh id, state present, not
--- quiet, nothing due for reaping, nobody queued and a slot free. Inline, with
+-- Fast path (the common uncontended call): a fresh id, state present,
+-- nothing due for reaping (so not quiet: reap_at is 0 then), nobody queued
+-- and a slot free. Inline, with
 -- no helper beyond lib_base, so it creates no closure and no table of its own.
 if ARGV[8] == '1' then
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at', 'counter', 'inflight')
-  local reap_at = tonumber(m[4])
-  local inflight = tonumber(m[6])
-  if m[1] and reap_at and inflight and now < reap_at and now >= tonumber(m[3])
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight')
+  local reap_at = tonumber(m[3])
+  local inflight = tonumber(m[5])
+  if m[1] and reap_at and inflight and now < reap_at
       and inflight < tonumber(m[1]) and redis.call('ZCARD', K_QUEUE) == 0 then
-    local counter = tonumber(m[5]) + 1
+    local counter = tonumber(m[4]) + 1
     local deadline = now + lease_ms
     -- now, counter and deadline are below 10^14: '..' writes them exactly.
     if deadline < reap_at then

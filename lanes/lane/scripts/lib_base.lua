@@ -12,7 +12,7 @@
 --   KEYS[1] meta     hash  width, epoch, counter (last generation), inflight
 --                          (holders), seq (last enqueue stamp), quiet_until (ms),
 --                          reap_at (ms), returned, timeouts, cancels, expired,
---                          lapsed, hold_ewma_ms, hold_n
+--                          lapsed, hold_ewma_ms
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
 --   KEYS[4] queue    zset  waiter -> priority * PRIO_SPAN + seq (class, then arrival)
@@ -33,8 +33,9 @@
 -- that left in the same instant, bumps 'returned'), so a grant writes one
 -- counter. inflight = ZCARD holders, kept in meta so the hot paths read it
 -- with the rest of the state. reap_at is a lower bound of every score in
--- holders and wexp (absent = 0): acquire and release skip the reap while
--- now < reap_at; every other script reaps in full and stores the exact bound.
+-- holders and wexp (absent = 0), and 0 while the lane is quiet: acquire and
+-- release take their fast paths only while now < reap_at; every other
+-- script reaps in full and stores the exact bound.
 local K_META, K_HOLDERS, K_HINFO, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_WEXP, K_WAITS = KEYS[5], KEYS[6]
 

@@ -35,7 +35,7 @@ local function unhold(st, id, now, info)
     local hold = now - granted
     local ewma = st.ewma
     if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
-    st.ewma, st.hold_n = ewma, st.hold_n + 1
-    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'hold_n', st.hold_n)
+    st.ewma = ewma
+    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma))
   end
 end

@@ -14,6 +14,9 @@ local function reap(st, now)
   if #h == 2 then next_at = tonumber(h[2]) end
   local w = redis.call('ZRANGE', K_WEXP, 0, 0, 'WITHSCORES')
   if #w == 2 and tonumber(w[2]) < next_at then next_at = tonumber(w[2]) end
+  -- While quiet, 0: the hot paths, which run only while now < reap_at, then
+  -- always take the slow path, which knows about the quiet period.
+  if now < st.quiet_until then next_at = 0 end
   if next_at ~= st.reap_at then
     st.reap_at = next_at
     redis.call('HSET', K_META, 'reap_at', fmt(next_at))

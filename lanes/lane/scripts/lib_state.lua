@@ -6,11 +6,10 @@
 -- asks the owner (catalog or constructor) and calls again.
 local function load_state(now, width_arg, lease_ms)
   local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at',
-    'hold_ewma_ms', 'hold_n', 'inflight')
+    'hold_ewma_ms', 'inflight')
   if m[1] then
     return {width = tonumber(m[1]), epoch = tonumber(m[2]), quiet_until = tonumber(m[3]),
-      reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), hold_n = tonumber(m[6]) or 0,
-      inflight = tonumber(m[7]) or 0}
+      reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), inflight = tonumber(m[6]) or 0}
   end
   if width_arg == nil or width_arg == '' then return nil end
   -- No state: a new lane, or Redis lost it (restart without persistence).
@@ -22,8 +21,7 @@ local function load_state(now, width_arg, lease_ms)
   local quiet = now + lease_ms
   redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0, 'inflight', 0,
     'seq', 0, 'quiet_until', fmt(quiet))
-  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, hold_n = 0,
-    inflight = 0}
+  return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, inflight = 0}
 end
 
 -- A score was written to holders or wexp: keep reap_at a lower bound.

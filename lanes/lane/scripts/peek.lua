@@ -5,7 +5,7 @@
 --                   (forecast: O(log n), no list read)
 -- Returns {} when the lane has no state, else
 --   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
---    hold_n, grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
+--    measured (1 once a hold was timed), grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
 --    samples...}
 --! include reap handoff
 local lease_ms = tonumber(ARGV[1])
@@ -14,17 +14,18 @@ local st = load_state(now, '', lease_ms)
 if not st then return {} end
 reap(st, now)
 grant_free(st, now, lease_ms)
-local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'hold_n', 'counter', 'timeouts',
-  'cancels', 'expired', 'lapsed', 'returned')
+local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'counter', 'timeouts', 'cancels', 'expired',
+  'lapsed', 'returned')
 -- grants = generations handed out minus grants taken back (see lib_base.lua)
-m[3] = (tonumber(m[3]) or 0) - (tonumber(m[8]) or 0)
+m[2] = (tonumber(m[2]) or 0) - (tonumber(m[7]) or 0)
 local out = {st.width, redis.call('ZCARD', K_HOLDERS)}
 for p = 0, 2 do
   -- ZCOUNT is O(log n): the score ranges of one priority class.
   out[#out + 1] = redis.call('ZCOUNT', K_QUEUE, fmt(p * PRIO_SPAN), '(' .. fmt((p + 1) * PRIO_SPAN))
 end
 out[#out + 1] = m[1] or ''
-for i = 2, 7 do out[#out + 1] = tonumber(m[i]) or 0 end
+out[#out + 1] = m[1] and 1 or 0
+for i = 2, 6 do out[#out + 1] = tonumber(m[i]) or 0 end
 out[#out + 1] = fmt(st.epoch)
 local quiet = st.quiet_until - now
 if quiet < 0 then quiet = 0 end

@@ -9,13 +9,12 @@
 --! include base
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
-local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'hold_n', 'width', 'quiet_until',
-  'counter', 'inflight')
+local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight')
 if not m[1] then return {0, 0} end   -- state lost: nothing of ours is recorded
 local info = redis.call('HGET', K_HINFO, id)
 local released = 0
-local inflight = tonumber(m[8]) or 0
-local ewma, hold_n   -- the hold time fed to the EWMA, written once below
+local inflight = tonumber(m[6]) or 0
+local ewma   -- the hold-time EWMA with this hold fed in, written once below
 if info then
   local epoch, counter, granted = string.match(info, '^(%d+):(%d+):(%d+):')
   if epoch == ARGV[2] and counter == ARGV[3] then
@@ -25,19 +24,18 @@ if info then
     local hold = now - tonumber(granted)
     ewma = tonumber(m[3])
     if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
-    hold_n = (tonumber(m[4]) or 0) + 1
     inflight = inflight - 1
     released = 1
   end
 end
 local reap_at = tonumber(m[2]) or 0
--- Lean handoff (the hot path under load), inline: nothing due for reaping,
--- not quiet, exactly one slot free: it goes to the head waiter, popped with
+-- Lean handoff (the hot path under load), inline: nothing due for reaping
+-- (so not quiet: reap_at is 0 then), exactly one slot free: it goes to the head waiter, popped with
 -- its record. Nothing is due for reaping, so the head's wexp score
 -- (>= reap_at > now) has not passed: the head is live. The same writes as
 -- grant_free's step (lib_handoff.lua); inflight is unchanged (one out, one
 -- in), and the counter and the EWMA go in one HSET.
-local lean = now < reap_at and now >= (tonumber(m[6]) or 0) and tonumber(m[5]) - inflight == 1
+local lean = now < reap_at and tonumber(m[4]) - inflight == 1
 local head
 if lean then
   head = redis.call('ZPOPMIN', K_QUEUE)
@@ -47,7 +45,7 @@ end
 if head and #head == 0 then
   -- Nobody waiting (the common release when the lane is not full).
   if ewma then
-    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'hold_n', hold_n, 'inflight', inflight)
+    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight)
   end
   return {released, 0}
 end
@@ -55,9 +53,9 @@ if head then
   local member, score = head[1], tonumber(head[2])
   redis.call('ZREM', K_WEXP, member)
   local notify, wid = string.match(member, '^(%d):%-?%d+:(.+)$')   -- lib_queue.lua parse_waiter
-  local counter = (tonumber(m[7]) or 0) + 1
+  local counter = (tonumber(m[5]) or 0) + 1
   if ewma then
-    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma), 'hold_n', hold_n)
+    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma))
     ewma = nil
   else
     redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
@@ -91,9 +89,7 @@ if head then
     return {released, 0}   -- the one free slot is taken: nothing more
   end
 end
-if ewma then
-  redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'hold_n', hold_n, 'inflight', inflight)
-end
+if ewma then redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight) end
 
 --! include reap handoff
 local st = load_state(now, '', lease_ms)
