@@ -71,10 +71,10 @@ class Lane(LaneBase):
         return parsed
 
     def _permit(self, hub: SyncHub, holder_id: str, generation: Generation, priority: Priority,
-                started: float, lease_until: float, was_waiter: bool = False) -> Permit:
+                started: float, lease_until: float) -> Permit:
         permit = Permit(self, holder_id=holder_id, generation=generation, priority=priority,
                         waited_seconds=time.monotonic() - started, lease_until=lease_until)
-        hub.add_holder(self, permit, holder_id if was_waiter else None)
+        hub.add_holder(self, permit)
         return permit
 
     # --- acquire / release ----------------------------------------------------------
@@ -135,6 +135,10 @@ class Lane(LaneBase):
 
         waiter.wake = wake
         queued = True  # in the lane's queue, with no outcome yet
+        # Made before the wait, so that the woken waiter only fills in its
+        # grant: the doorbell's path runs cold after a long sleep.
+        permit = Permit(self, holder_id=waiter.id, generation=None, priority=waiter.priority,
+                        waited_seconds=0.0, lease_until=0.0)
         try:
             if isinstance(cancel, CancelEvent):
                 cancel.add_callback(wake)
@@ -144,11 +148,15 @@ class Lane(LaneBase):
                 outcome = self._wait(hub, waiter, event, deadline, cancel)
                 if outcome[0] == "granted":
                     queued = False
+                    now = time.monotonic()
+                    permit.generation = outcome[1]
+                    permit.waited_seconds = now - started
+                    permit.acquired_at = now
                     # The doorbell rang after the server granted: count the
                     # lease from one renewal period earlier, to be safe.
-                    lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
-                    return self._permit(hub, waiter.id, outcome[1], waiter.priority, started, lease_until,
-                                        was_waiter=True)
+                    permit._lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
+                    hub.add_holder(self, permit, waiter.id)
+                    return permit
                 if outcome[0] in ("timeouts", "cancels"):
                     queued = False
                     self._leave(hub, waiter, outcome[0])
