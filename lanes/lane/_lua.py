@@ -145,7 +145,15 @@ class SyncRunner:
             if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer:
                 # What that packer does, minus its per-argument type checks
                 # (our arguments are str and int only).
-                conn.send_packed_command((_hiredis_pack(("EVALSHA", sha, len(keys), *keys, *args)),))
+                packed = _hiredis_pack(("EVALSHA", sha, len(keys), *keys, *args))
+                sock = conn._sock
+                if sock is not None and not conn.health_check_interval:
+                    # send_packed_command's own work when connected with no
+                    # health checks due; a failure is handled below as its
+                    # ConnectionError would be.
+                    sock.sendall(packed)
+                else:
+                    conn.send_packed_command((packed,))
             else:
                 conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
             try:
