@@ -30,11 +30,12 @@ if info then
 end
 local reap_at = tonumber(m[2]) or 0
 -- Lean handoff (the hot path under load), inline: nothing due for reaping
--- (so not quiet: reap_at is 0 then), exactly one slot free: it goes to the head waiter, popped with
--- its record. Nothing is due for reaping, so the head's wexp score
--- (>= reap_at > now) has not passed: the head is live. The same writes as
--- grant_free's step (lib_handoff.lua); inflight is unchanged (one out, one
--- in), and the counter and the EWMA go in one HSET.
+-- (so not quiet either: reap_at is 0 then) and exactly one slot free: it
+-- goes to the head waiter, popped with its record. Nothing is due for
+-- reaping, so the head's wexp score (>= reap_at > now) has not passed: the
+-- head is live. The same writes as grant_free's step (lib_handoff.lua);
+-- inflight is unchanged (one out, one in), and the counter and the EWMA go
+-- in one HSET.
 local lean = now < reap_at and tonumber(m[4]) - inflight == 1
 local head
 if lean then
