@@ -264,9 +264,11 @@ class AsyncLane(LaneBase):
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
                 remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 started_call = time.monotonic()
+                # The new member first: if the reply is lost, the leave below
+                # must name the entry this call may have made.
+                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms)
                 parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False,
-                                                  previous=waiter.member)
-                waiter.member = self.member_of(waiter.id, remaining_ms)
+                                                  previous=previous)
                 if parsed[0] == "granted":
                     hub.book.remove_waiter(waiter.id)
                     queued = False

@@ -167,9 +167,11 @@ class Lane(LaneBase):
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
                 remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 sent_at = time.monotonic()
+                # The new member first: if the reply is lost, the leave below
+                # must name the entry this call may have made.
+                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms)
                 parsed = self._acquire_call(hub, waiter.id, waiter.priority, remaining_ms, False,
-                                            previous=waiter.member)
-                waiter.member = self.member_of(waiter.id, remaining_ms)
+                                            previous=previous)
                 if parsed[0] == "granted":
                     hub.remove_waiter(waiter.id)
                     queued = False

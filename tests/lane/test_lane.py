@@ -14,6 +14,7 @@ from lanes import AcquireCancelled, AcquireTimeout, CancelEvent, Generation, Lan
 from lanes.errors import InvalidInput
 from lanes.lane.hub import close_hubs
 from lanes.lane.keys import LaneKeys
+from tests.polling import eventually
 
 I, U, B = Priority.INTERACTIVE, Priority.USER_TOOL, Priority.BACKGROUND
 
@@ -236,6 +237,29 @@ def test_a_waiter_granted_by_handoff_is_renewed_as_a_holder(make_lane):
     with lane._hub.lock:
         assert all(permit.holder_id not in slot.holders for slot in book.slots.values())
     assert lane.stats().in_flight == 0
+
+
+def test_a_waiter_whose_place_lapsed_rejoins_with_one_entry(make_lane):
+    lane = make_lane(width=1, lease_seconds=0.3)
+    holder = lane.acquire(I, 5.0)
+    thread, results = start_waiter(lane, I, timeout=5.0, name="w")
+    wait_queued(lane, 1)
+    queue, wexp = lane.keys.all()[3:5]
+    [member] = lane.client.zrange(queue, 0, -1)
+    # Its place goes (as after renewals it missed): its next renewal finds it
+    # gone, and it rejoins with what is left of its budget.
+    lane.client.zrem(queue, member)
+    lane.client.zrem(wexp, member)
+    again = eventually(lambda: lane.client.zrange(queue, 0, -1), what="the waiter to rejoin")
+    assert len(again) == 1 and again[0] != member, "one new entry, with the remaining budget"
+    assert again[0].rsplit(b":", 1)[1] == member.rsplit(b":", 1)[1], "the same waiter id"
+    assert lane.client.zrange(wexp, 0, -1) == again
+    holder.release()
+    thread.join(5.0)
+    permit = results["w"]
+    assert not isinstance(permit, Exception)
+    permit.release()
+    assert lane.stats().queued_total == 0 and lane.stats().in_flight == 0
 
 
 def test_a_crashed_waiter_never_strands_a_slot(make_lane):
