@@ -13,7 +13,7 @@ local function channel_of(id)
   return string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:' .. token
 end
 
--- Milliseconds since the epoch at which a waiter queued (see seq, lib_base.lua).
+-- The server time (ms) at which a waiter queued, from its score (see seq, lib_base.lua).
 local function enqueued_ms(st, score)
   return st.epoch + math.floor((score % PRIO_SPAN) / 1000)
 end
