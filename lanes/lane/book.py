@@ -99,7 +99,7 @@ class Book:
         pending = self.pending
         while pending:
             lane, permit, waiter_id = pending.popleft()
-            self.remove_waiter(waiter_id)
+            self._unregister_waiter(waiter_id)
             self._slot(lane).holders[permit.holder_id] = permit
 
     def add_waiter(self, lane, waiter: Waiter) -> None:
@@ -115,6 +115,9 @@ class Book:
     def remove_waiter(self, waiter_id: str) -> Waiter | None:
         if self.pending:
             self._fold_pending()
+        return self._unregister_waiter(waiter_id)
+
+    def _unregister_waiter(self, waiter_id: str) -> Waiter | None:
         slot = self.waiter_slot.pop(waiter_id, None)
         if slot is None:
             return None
@@ -154,11 +157,8 @@ class Book:
 
     # --- doorbell -------------------------------------------------------------------
 
-    def deliver_grant(self, waiter_id: str, generation: Generation, now: float,
-                      reader: Waiter | None = None) -> bool:
-        """Hand a doorbell's grant to its waiter and wake it. ``reader``: the
-        waiter whose own thread is reading this doorbell (it sees its outcome
-        without a wake)."""
+    def deliver_grant(self, waiter_id: str, generation: Generation, now: float) -> bool:
+        """Hand a doorbell's grant to its waiter and wake it."""
         slot = self.waiter_slot.get(waiter_id)
         waiter = slot.waiters.get(waiter_id) if slot else None
         if waiter is None:
@@ -169,8 +169,7 @@ class Book:
         if waiter.outcome is not None:
             return False
         waiter.outcome = ("granted", generation, now)
-        if waiter is not reader:
-            waiter.wake()
+        waiter.wake()
         return True
 
     # --- renewal ----------------------------------------------------------------------

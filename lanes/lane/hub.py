@@ -354,8 +354,7 @@ class SyncHub:
             leader.outcome = ("granted", generation, time.monotonic())
             return
         with self._cond:
-            # Only the leading thread reads: a grant to itself needs no wake.
-            self.book.deliver_grant(waiter_id, generation, time.monotonic(), leader)
+            self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
     def _renew_loop(self) -> None:
         while True:

@@ -233,14 +233,9 @@ class Lane(LaneBase):
         if not permit._claim_release():
             return False
         gen = permit.generation
-        runner = self._scripts
-        if runner is None:
-            runner = self._scripts = runner_for(self.client)
         try:
-            # _run, inline: the release is on the handoff's path.
-            reply = runner("release", self._key_list, [permit.holder_id, gen.epoch, gen.counter, self.lease_ms])
-        except UNAVAILABLE as exc:
-            raise unavailable(exc, f"releasing on lane {self.key!r}") from exc
+            reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
+                              f"releasing on lane {self.key!r}")
         finally:
             # After the call, off the handoff's path: a renewal racing it skips
             # the permit (it is marked released), so this order is safe.
