@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis
 
 from lanes.errors import RedisUnavailable
+from lanes.namespace import Namespace
 from lanes.routing.scripts import script_source
 
 
@@ -43,8 +44,7 @@ class Breakers:
         self._record = client.register_script(script_source("breaker_record"))
 
     def _keys(self, backend: str) -> list[str]:
-        tag = f"{{{self._prefix}:breaker:{backend}}}"
-        return [f"{tag}:state", f"{tag}:window"]
+        return list(Namespace(self._prefix).breaker(backend))
 
     def state(self, backend: str) -> str:
         """'closed', 'half_open' (this caller holds the one trial) or 'open'."""

@@ -19,6 +19,7 @@ from celery.result import AsyncResult
 from lanes.catalog import RoutingTable, open_catalog
 from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for
 from lanes.errors import InvalidInput, RedisUnavailable
+from lanes.namespace import Namespace
 from lanes.priority import Priority
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.request import RouteRequest, check_payload, parse_deadline
@@ -108,7 +109,7 @@ class LanesClient:
         return self.celery.AsyncResult(request.task_id)
 
     def _idem_key(self, key: str) -> str:
-        return f"{self.settings.key_prefix}:idem:{key}"
+        return Namespace(self.settings.key_prefix).idempotency(key)
 
     def _claim_key(self, key: str, task_id: str) -> str | None:
         """Bind the key to this task id, or return the task it is bound to."""

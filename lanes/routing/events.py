@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import redis
 
 from lanes.errors import RedisUnavailable
+from lanes.namespace import Namespace
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class Event:
 
 
 def events_key(prefix: str) -> str:
-    return f"{prefix}:events"
+    return Namespace(prefix).events
 
 
 class EventLog:

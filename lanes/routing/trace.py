@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import redis
 
+from lanes.namespace import Namespace
+
 
 @dataclass
 class Trace:
@@ -52,7 +54,7 @@ class TraceStore:
         self._ttl = ttl_seconds
 
     def _key(self, task_id: str) -> str:
-        return f"{self._prefix}:trace:{task_id}"
+        return Namespace(self._prefix).trace(task_id)
 
     def save(self, trace: Trace) -> None:
         key = self._key(trace.task_id)

@@ -1,0 +1,71 @@
+"""Every Redis name Lanes uses outside a lane's own keys, built in one place.
+
+A lane's keys (meta, holders, queue...) and its wake channels are built by
+:mod:`lanes.lane.keys`, which the lane scripts rely on; everything else that
+Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
+(``lanes:v2`` by default)::
+
+    {prefix}:events                         stream  routing events
+    {prefix}:trace:<task id>                list    a task's routing trace
+    {prefix}:idem:<workflow>:<key>          string  idempotency key -> task id
+    {{prefix}:breaker:<model>}:state        hash    a backend's breaker
+    {{prefix}:breaker:<model>}:window       list    its recent outcomes
+    {prefix}:control:<pool id>:state        hash    a pool controller's state
+    {prefix}:control:<pool id>:leader       string  the pool's control-loop lease
+    {prefix}:share:<workflow>               hash    a workflow's failover share
+    {prefix}:workers:<fleet>                zset    live workers of a fleet (heartbeats)
+    {prefix}:beat:lock                      string  the one active beat's lock
+    {prefix}:server                         hash    the Redis server identity marker
+
+Pool-keyed names use the pool's stable id, never its name, so a rename keeps
+them. A key that several keys of one script must share a Redis Cluster slot
+with carries a hash tag (the braces).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from lanes.lane.keys import check_prefix
+
+
+@dataclass(frozen=True)
+class Namespace:
+    prefix: str
+
+    def __post_init__(self) -> None:
+        check_prefix(self.prefix)
+
+    @property
+    def events(self) -> str:
+        return f"{self.prefix}:events"
+
+    def trace(self, task_id: str) -> str:
+        return f"{self.prefix}:trace:{task_id}"
+
+    def idempotency(self, key: str, workflow: str | None = None) -> str:
+        return f"{self.prefix}:idem:{workflow}:{key}" if workflow else f"{self.prefix}:idem:{key}"
+
+    def breaker(self, model: str) -> tuple[str, str]:
+        tag = f"{{{self.prefix}:breaker:{model}}}"
+        return f"{tag}:state", f"{tag}:window"
+
+    def control_state(self, pool_id: int) -> str:
+        return f"{self.prefix}:control:{pool_id}:state"
+
+    def control_leader(self, pool_id: int) -> str:
+        return f"{self.prefix}:control:{pool_id}:leader"
+
+    def share(self, workflow: str) -> str:
+        return f"{self.prefix}:share:{workflow}"
+
+    def workers(self, fleet: str) -> str:
+        return f"{self.prefix}:workers:{fleet}"
+
+    @property
+    def beat_lock(self) -> str:
+        return f"{self.prefix}:beat:lock"
+
+    @property
+    def server_marker(self) -> str:
+        return f"{self.prefix}:server"

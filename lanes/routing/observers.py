@@ -1,0 +1,100 @@
+"""What the walker tells the rest of the system about each try and each bypass.
+
+The walker does not call breakers, event logs, traces, controllers or metrics
+one by one: it builds one :class:`Attempt` per backend call (or one
+:class:`Bypass` per candidate passed over) and hands it to every observer in
+its list. Adding a listener is one more entry in that list, never another
+argument or another call in the walker.
+
+Observers run on the walker's thread, after the slot was released: they must
+be quick and must not raise (an observer's failure is logged and the others
+still run; the answer the backend gave is never thrown away because a report
+about it failed).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+from lanes.priority import Priority
+
+log = logging.getLogger("lanes.routing")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Attempt:
+    """One backend call of one routed request, as it ended.
+
+    ``outcome`` is one of ``served``, ``failed`` (the backend answered with an
+    error, or did not answer), ``timeout`` (no first token or answer within the
+    model's first-token timeout), ``lease_lost`` (our slot was lost mid-call),
+    ``rejected`` (the backend refused the request itself, e.g. a 400: not the
+    backend's fault). ``status`` is the HTTP status when one arrived.
+    ``generation`` is the pool controller generation the request was admitted
+    under (None for a model without a pool or before controllers run).
+    """
+
+    workflow: str
+    model: str
+    pool: str | None
+    pool_id: int | None
+    priority: Priority
+    outcome: str
+    status: int | None = None
+    ttft_seconds: float | None = None
+    call_seconds: float | None = None
+    wait_seconds: float | None = None
+    generation: int | None = None
+    task_id: str | None = None
+
+    @property
+    def backend_fault(self) -> bool:
+        """Whether this outcome says something about the backend's health."""
+        return self.outcome in ("failed", "timeout")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Bypass:
+    """A candidate passed over without a call, and why (``breaker_open``, ``budget_spent``...)."""
+
+    workflow: str
+    model: str
+    pool: str | None
+    priority: Priority
+    reason: str
+    detail: dict
+    task_id: str | None = None
+
+
+class Observer(Protocol):
+    def on_attempt(self, attempt: Attempt) -> None: ...
+
+    def on_bypass(self, bypass: Bypass) -> None: ...
+
+
+class BaseObserver:
+    """An observer that ignores what it does not care about."""
+
+    def on_attempt(self, attempt: Attempt) -> None:
+        return None
+
+    def on_bypass(self, bypass: Bypass) -> None:
+        return None
+
+
+def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
+    for observer in observers:
+        try:
+            observer.on_attempt(attempt)
+        except Exception:  # a report must never lose the answer it reports on
+            log.warning("observer %r failed on an attempt of %s", observer, attempt.model, exc_info=True)
+
+
+def notify_bypass(observers: Sequence[Observer], bypass: Bypass) -> None:
+    for observer in observers:
+        try:
+            observer.on_bypass(bypass)
+        except Exception:
+            log.warning("observer %r failed on a bypass of %s", observer, bypass.model, exc_info=True)
