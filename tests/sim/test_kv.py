@@ -24,7 +24,10 @@ async def test_long_prompts_wait_while_running_is_below_capacity(start_sim):
         await aeventually(lambda: sim.stats()["m"]["in_flight"] == 3 and sim.stats()["m"]["running"] == 1,
                           what="3 arrived, 1 running")
         stats = sim.stats()["m"]
-        samples = scrape(sim.url + "/metrics")
+        # the gauges follow at the engine's next step
+        samples = await aeventually(
+            lambda: (s := scrape(sim.url + "/metrics")) and value(s, "vllm:num_requests_waiting", model_name="m") == 2 and s,
+            what="a step that saw all 3")
         for call in calls:
             call.cancel()
         await asyncio.gather(*calls, return_exceptions=True)

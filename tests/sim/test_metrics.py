@@ -13,12 +13,15 @@ from .conftest import aeventually, async_client, chat_body, eventually, scrape, 
 
 
 async def test_gauges_show_a_saturated_model(start_sim):
-    sim = start_sim(SimModel(name="m", capacity=2, service_ms=300, metrics_lag_s=0),
+    sim = start_sim(SimModel(name="m", capacity=2, service_ms=1000, metrics_lag_s=0),
                     SimModel(name="idle", capacity=8, service_ms=0, metrics_lag_s=0))
     async with async_client(sim) as client:
         calls = [asyncio.create_task(client.post("/chat/completions", json=chat_body("m"))) for _ in range(5)]
         await aeventually(lambda: sim.stats()["m"]["in_flight"] == 5, what="5 in flight")
-        samples = scrape(sim.url + "/metrics")
+        # the gauges show the engine's last step, even without a lag: wait for the step
+        samples = await aeventually(
+            lambda: (s := scrape(sim.url + "/metrics")) and value(s, "vllm:num_requests_waiting", model_name="m") == 3 and s,
+            what="a step that saw all 5")
         await asyncio.gather(*calls)
     assert value(samples, "vllm:num_requests_running", model_name="m") == 2
     assert value(samples, "vllm:num_requests_waiting", model_name="m") == 3
@@ -36,7 +39,7 @@ async def test_gauges_show_a_saturated_model(start_sim):
     assert value(after, "vllm:request_success_total", model_name="m", finished_reason="stop") == 5
     assert value(after, "vllm:generation_tokens_total", model_name="m") == 5 * 16
     assert value(after, "vllm:prompt_tokens_total", model_name="m") == 5 * 2
-    # two waited one 300 ms service in the queue, one waited two
+    # two waited one 1 s service in the queue, one waited two
     assert value(after, "vllm:request_queue_time_seconds_sum", model_name="m") > 1.0
     assert value(after, "vllm:time_to_first_token_seconds_sum", model_name="m") > 5 * 0.3
 
@@ -119,3 +122,16 @@ def test_inter_token_latency_is_one_sample_per_token_after_the_first(start_sim):
     samples = scrape(sim.url + "/metrics")
     assert value(samples, "vllm:inter_token_latency_seconds_count", model_name="m") == 5
     assert value(samples, "vllm:time_to_first_token_seconds_count", model_name="m") == 1
+
+
+async def test_a_request_being_tokenized_is_in_flight_but_in_no_gauge(start_sim):
+    sim = start_sim(SimModel(name="m", capacity=4, tokenize_ms=3000, service_ms=0, metrics_lag_s=0))
+    async with async_client(sim) as client:
+        call = asyncio.create_task(client.post("/chat/completions", json=chat_body("m")))
+        await aeventually(lambda: sim.stats()["m"]["in_flight"] == 1, what="the request to arrive")
+        stats, samples = sim.stats()["m"], scrape(sim.url + "/metrics")
+        call.cancel()
+        await asyncio.gather(call, return_exceptions=True)
+    assert (stats["running"], stats["waiting"]) == (0, 0)
+    assert value(samples, "vllm:num_requests_running", model_name="m") == 0
+    assert value(samples, "vllm:num_requests_waiting", model_name="m") == 0
