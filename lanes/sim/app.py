@@ -326,7 +326,7 @@ class SimApp:
             if served.model.data_parallel:
                 engines = [(str(i), core) for i, core in enumerate(cores)]
             else:
-                engines = [("0", cores[served.rng.randrange(len(cores))])]
+                engines = [("0", cores[served.scrape_rng.randrange(len(cores))])]
             scrape.add(name, served.model.metrics_flavor, engines, served.rejections)
         body = exposition(scrape, asyncio.get_running_loop().time())
         await send_bytes(send, 200, body, [(b"content-type", CONTENT_TYPE.encode())])

@@ -104,7 +104,7 @@ class EngineCore:
         request.state = WAITING
         self.waiting.append(request)
 
-    def abort(self, request: SimRequest, now: float) -> None:
+    def abort(self, request: SimRequest) -> None:
         """The client went away: free what it holds. No gauge changes until a step."""
         if request.done:
             return
@@ -112,7 +112,7 @@ class EngineCore:
         request.state = ABORTED
         self.counters.success["abort"] += 1
 
-    def fail_all(self, now: float, message: str) -> list[SimRequest]:
+    def fail_all(self, message: str) -> list[SimRequest]:
         """The engine died: every request it holds ends with ``message``."""
         failed = [*self.running, *self.waiting]
         for request in failed:

@@ -89,8 +89,8 @@ class ServedModel:
         self.device = device
         self.initial = model
         self.model = model
-        self.rng = new_rng(model, -1)  # failure draws and scrape choices
         self.cores = [EngineCore(model, new_rng(model, i)) for i in range(model.replicas)]
+        self._seed(model)
         self._timers: dict[int, asyncio.TimerHandle | asyncio.Handle] = {}
         self._next_replica = 0
         self.in_flight = 0
@@ -114,20 +114,22 @@ class ServedModel:
         settings = {k: v for k, v in changes.items() if k not in INJECTIONS}
         model = replace(self.model, **settings) if settings else self.model
         if "seed" in settings:
-            self.rng = new_rng(model, -1)
-            for i, core in enumerate(self.cores):
-                core.rng = new_rng(model, i)
+            self._seed(model)
         for key, value in injections.items():
             setattr(self, key, value)
         self._apply(model)
 
     def restore(self) -> None:
         """Back to the model as it started, injections cleared."""
-        self.rng = new_rng(self.initial, -1)
-        for i, core in enumerate(self.cores):
-            core.rng = new_rng(self.initial, i)
+        self._seed(self.initial)
         self.fail_next = self.hang_next = self.error_next = 0
         self._apply(self.initial)
+
+    def _seed(self, model: SimModel) -> None:
+        self.rng = new_rng(model, -1)  # failure draws
+        self.scrape_rng = new_rng(model, -2)  # which replica answers a scrape: apart, so scrapes never shift failures
+        for i, core in enumerate(self.cores):
+            core.rng = new_rng(model, i)
 
     def _apply(self, model: SimModel) -> None:
         dying = model.down and not self.model.down
@@ -135,7 +137,7 @@ class ServedModel:
         for core in self.cores:
             core.model = model
             if dying:  # what a dead engine held fails with it
-                self._wake(core.fail_all(loop_time(), DEAD_MESSAGE))
+                self._wake(core.fail_all(DEAD_MESSAGE))
             self.poke(core)  # a raised capacity admits waiters now
 
     def reset_counters(self) -> None:
@@ -188,7 +190,7 @@ class ServedModel:
             prompt_tokens=prompt_tokens,
             max_tokens=answer,
             arrived=ticket.arrived,
-            finish_reason="length" if answer < m.tokens else "stop",
+            finish_reason="length" if m.kind == "chat" and answer < m.tokens else "stop",
             service_s=service_seconds(m, core.rng) if fixed else None,
             defer_until=now + m.defer_ms / 1000,
             listener=asyncio.Event(),
@@ -236,7 +238,7 @@ class ServedModel:
 
     def abort(self, ticket: Ticket) -> None:
         if ticket.request is not None and not ticket.request.done:
-            ticket.core.abort(ticket.request, loop_time())
+            ticket.core.abort(ticket.request)
             self.poke(ticket.core)
 
     def finish(self, ticket: Ticket, outcome: str) -> None:

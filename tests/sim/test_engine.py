@@ -150,7 +150,7 @@ def test_gauges_show_a_step_after_the_lag_and_stay_stale_after_a_mass_abort():
     clock.run_until(2.5)
     assert core.published.at(clock.now, 2.0).running == 3
     for request in requests:
-        core.abort(request, clock.now)
+        core.abort(request)
     clock.run_until(10.0)
     exact = core.snapshot(clock.now)
     assert exact.running == 0 and exact.kv_usage == 0

@@ -45,12 +45,13 @@ async def test_gauges_show_a_saturated_model(start_sim):
 
 
 async def test_deferred_requests_wait_with_their_own_reason(start_sim):
-    sim = start_sim(SimModel(name="m", capacity=4, defer_ms=400, service_ms=0, metrics_lag_s=0))
+    sim = start_sim(SimModel(name="m", capacity=4, defer_ms=2000, service_ms=0, metrics_lag_s=0))
     async with async_client(sim) as client:
         calls = [asyncio.create_task(client.post("/chat/completions", json=chat_body("m"))) for _ in range(2)]
         await aeventually(lambda: sim.stats()["m"]["waiting_deferred"] == 2, what="2 deferred")
         samples = scrape(sim.url + "/metrics")
         await asyncio.gather(*calls)
+    assert sim.stats()["m"]["served"] == 2
     assert value(samples, "vllm:num_requests_waiting_by_reason", model_name="m", reason="deferred") == 2
     assert value(samples, "vllm:num_requests_waiting_by_reason", model_name="m", reason="capacity") == 0
     assert value(samples, "vllm:num_requests_waiting", model_name="m") == 2
