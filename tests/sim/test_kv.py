@@ -40,7 +40,8 @@ async def test_long_prompts_wait_while_running_is_below_capacity(start_sim):
 
 async def test_long_outputs_preempt_the_newest_and_its_stream_stalls_then_finishes(start_sim):
     # two requests of 60 prompt tokens each grow towards 120 tokens (8 blocks): 10 blocks hold one
-    sim = start_sim(SimModel(name="m", capacity=8, kv_blocks=10, block_size=16, ttft_ms=5, per_token_ms=5,
+    # capacity 0 until both wait, so both are admitted in the same step
+    sim = start_sim(SimModel(name="m", capacity=0, kv_blocks=10, block_size=16, ttft_ms=5, per_token_ms=5,
                              tokens=60, metrics_lag_s=0))
     request = {"model": "m", "messages": words(60), "stream": True}
 
@@ -51,7 +52,10 @@ async def test_long_outputs_preempt_the_newest_and_its_stream_stalls_then_finish
         return answer.status_code, tokens, any('"error"' in line for line in lines)
 
     async with async_client(sim) as client:
-        answers = await asyncio.gather(stream(client), stream(client))
+        calls = asyncio.gather(stream(client), stream(client))
+        await aeventually(lambda: sim.stats()["m"]["waiting"] == 2, what="both waiting")
+        sim.configure("m", capacity=8)
+        answers = await calls
     assert answers == [(200, 60, False), (200, 60, False)]
     stats = sim.stats()["m"]
     assert stats["preemptions"] >= 1 and stats["served"] == 2
