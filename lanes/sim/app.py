@@ -2,7 +2,7 @@
 
 Plain ASGI rather than a framework's routes because the chat handler must own
 the exact order of its sends: it counts a request out *before* the last byte
-of the answer leaves (see ``engine``), and it watches for the client going
+of the answer leaves (see ``served``), and it watches for the client going
 away while it waits or streams, as vLLM's ``with_cancellation`` does, so a
 client that disconnects frees its slot at once.
 

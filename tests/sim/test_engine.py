@@ -9,6 +9,8 @@ the queue and the batch.
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from lanes.sim import EngineCore, SimModel, SimRequest
 from lanes.sim.model import new_rng
@@ -169,3 +171,40 @@ def test_the_same_inputs_give_the_same_times():
         return [(r.first_token_at, r.last_token_at) for r in requests], core.counters.preemptions
 
     assert times() == times()
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    capacity=st.integers(1, 6),
+    kv_blocks=st.integers(8, 40),
+    events=st.lists(
+        st.tuples(st.floats(0, 0.3), st.integers(1, 120), st.integers(1, 40), st.booleans(), st.booleans()),
+        min_size=1, max_size=25),
+)
+def test_any_mix_of_arrivals_and_aborts_keeps_the_books_and_ends_every_request(capacity, kv_blocks, events):
+    core, clock = engine(capacity=capacity, kv_blocks=kv_blocks, block_size=8, ttft_ms=5, per_token_ms=5,
+                         max_num_batched_tokens=64)
+    requests: list[SimRequest] = []
+
+    def check() -> None:
+        assert len(core.running) <= capacity
+        assert core.used_blocks == sum(r.blocks for r in core.running) <= kv_blocks
+        assert all(r.state == "running" for r in core.running) and all(r.state == "waiting" for r in core.waiting)
+
+    for gap, prompt, tokens, fixed, abort_one in events:
+        clock.run_until(clock.now + gap)
+        check()
+        if prompt + tokens <= kv_blocks * 8:  # longer ones are refused before they reach an engine
+            request = chat(prompt=prompt, tokens=tokens)
+            request.service_s = 0.02 if fixed else None
+            requests.append(clock.add(request))
+        live = [r for r in requests if not r.done]
+        if abort_one and live:
+            core.abort(live[len(live) // 2])
+        check()
+    clock.run()
+    check()
+    assert not core.running and not core.waiting and core.used_blocks == 0
+    assert all(r.state in ("finished", "aborted") for r in requests)
+    assert all(r.generated == r.max_tokens for r in requests if r.state == "finished")
+    assert sum(core.counters.success.values()) == len(requests)
