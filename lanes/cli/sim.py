@@ -22,28 +22,55 @@ DEFAULT_PORT = 8700
 @click.option("--model", "model_specs", multiple=True, metavar="SPEC", help=f"A chat model, {SPEC_HELP}. Repeatable.")
 @click.option("--embedding-model", "embedding_specs", multiple=True, metavar="SPEC", help="An embedding model, NAME:CAPACITY[:SERVICE_MS]. Repeatable.")
 @click.option("--catalog", "catalog_file", default=None, metavar="FILE", help="Serve every local model of a catalog file (.toml/.yaml) on its base_url's port; capacity = its pool's width.")
-@click.option("--overflow", type=click.Choice(["queue", "reject"]), default="queue", show_default=True, help="Past capacity: queue FIFO (vLLM) or reject.")
-@click.option("--reject-status", type=int, default=529, show_default=True, help="Status of a rejection (529, 429, 503...).")
-@click.option("--max-queue", type=int, default=None, help="Reject once this many wait (default: unbounded).")
+@click.option("--overflow", type=click.Choice(["queue", "gateway"]), default="queue", show_default=True, help="queue: vLLM (unbounded unless --max-num-queued-*; then 503). gateway: answer --reject-status when no slot is free, as NVIDIA Dynamo does.")
+@click.option("--reject-status", type=int, default=529, show_default=True, help="The gateway mode's answer when full (529, 429...).")
+@click.option("--max-num-queued-reqs", type=int, default=None, help="vLLM's limit on running + waiting requests; past it, 503 (default: unbounded).")
+@click.option("--max-num-queued-tokens", type=int, default=None, help="vLLM's limit on their prompt tokens; past it, 503 (default: unbounded).")
+@click.option("--kv-blocks", type=int, default=4096, show_default=True, help="KV-cache blocks per engine; a prompt waits until its blocks are free.")
+@click.option("--block-size", type=int, default=16, show_default=True, help="Tokens per KV block.")
+@click.option("--max-num-batched-tokens", type=int, default=8192, show_default=True, help="Token budget of one engine step (prefill chunks and decodes).")
 @click.option("--service-ms", type=float, default=None, help="Fixed total service time; overrides token timing.")
-@click.option("--ttft-ms", type=float, default=50.0, show_default=True, help="Time to the first token.")
-@click.option("--per-token-ms", type=float, default=10.0, show_default=True, help="Time between tokens.")
+@click.option("--ttft-ms", type=float, default=50.0, show_default=True, help="Base time of a prefill step (first token of a short prompt, idle engine).")
+@click.option("--per-token-ms", type=float, default=10.0, show_default=True, help="Base time of a decode step.")
+@click.option("--prefill-ms-per-token", type=float, default=0.02, show_default=True, help="Step time added per prompt token processed.")
+@click.option("--context-ms-per-1k", type=float, default=0.05, show_default=True, help="Step time added per 1000 tokens of context in the batch.")
 @click.option("--tokens", type=int, default=16, show_default=True, help="Tokens per answer (capped by max_tokens).")
 @click.option("--distribution", type=click.Choice(["fixed", "lognormal"]), default="fixed", show_default=True)
 @click.option("--sigma", type=float, default=0.5, show_default=True, help="Log-sigma of the lognormal service time.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the service-time draws.")
-@click.option("--knee", type=float, default=0.8, show_default=True, help="Load (running/capacity) past which answers slow down.")
-@click.option("--knee-slowdown", type=float, default=None, help="Extra service time at full load (default 0.5; 0 with --service-ms).")
-@click.option("--defer-ms", type=float, default=0.0, show_default=True, help="Time each request waits with reason 'deferred'.")
+@click.option("--knee", type=float, default=0.8, show_default=True, help="Load (running/capacity or KV usage) past which steps slow down.")
+@click.option("--knee-slowdown", type=float, default=None, help="Extra step time at full load (default 0.5; 0 with --service-ms).")
+@click.option("--defer-ms", type=float, default=0.0, show_default=True, help="Time each request stays unschedulable (waiting reason 'deferred').")
+@click.option("--tokenize-ms", type=float, default=0.0, show_default=True, help="Time before the engine sees a request (in no gauge).")
 @click.option("--embedding-ms", type=float, default=5.0, show_default=True, help="Service time of an embeddings request.")
 @click.option("--embedding-dim", type=int, default=8, show_default=True, help="Length of the embedding vectors.")
+@click.option("--metrics-flavor", type=click.Choice(["current", "0.12-0.19", "0.9.2-0.10", "legacy"]), default="current", show_default=True, help="Which vLLM release's /metrics to imitate.")
+@click.option("--metrics-lag-s", type=float, default=3.0, show_default=True, help="Delay before a step's gauges show in /metrics (/admin/stats is exact).")
+@click.option("--replicas", type=int, default=1, show_default=True, help="Engines behind each model's address.")
+@click.option("--data-parallel", is_flag=True, help="Replicas are data-parallel ranks of one server (engine=\"0\"..), not servers behind a load balancer.")
 def command(host, port, model_specs, embedding_specs, catalog_file, **service) -> None:
     """Run a simulated vLLM fleet (OpenAI chat and embeddings, vLLM /metrics,
     /admin/stats) until interrupted.
 
     \b
       lanes sim --model chat-small:4:50 --model chat-big:2
-      lanes sim --catalog examples/aifarm.toml --overflow reject --reject-status 529
+      lanes sim --catalog examples/aifarm.toml --overflow gateway --reject-status 529
+
+    \b
+    Change a model while it runs (any setting above, in snake_case, plus
+    fail_next, hang_next and error_next):
+      curl -X POST localhost:8700/admin/models/chat-small -d '{"fail_next": 3}'
+          the next 3 requests answer fail_status (default 500)
+      curl -X POST localhost:8700/admin/models/chat-small -d '{"fail_rate": 0.2, "fail_status": 503}'
+      curl -X POST localhost:8700/admin/models/chat-small -d '{"hang_next": 1, "hang_s": 60}'
+          the next request holds its slot 60 s before it starts
+      curl -X POST localhost:8700/admin/models/chat-small -d '{"error_next": 1}'
+          the next answer fails after its first token (HTTP 200, then an error frame)
+      curl -X POST localhost:8700/admin/models/chat-small -d '{"down": true}'
+          a dead engine: 500 per request, 503 on /health; '{"down": false}' revives it
+      curl -X POST localhost:8700/admin/models/chat-small -d '{"capacity": 8}'
+      curl localhost:8700/admin/stats            exact counts (gauges in /metrics lag)
+      curl -X POST localhost:8700/admin/reset -d '{"config": true}'
     """
     template = SimModel(name="_", **service)
     models = [parse_model_spec(s, template) for s in model_specs]

@@ -105,6 +105,8 @@ class BackendClient:
                 if data == "[DONE]":
                     break
                 chunk = json.loads(data)
+                if "error" in chunk:
+                    raise _stream_error(model, chunk["error"])
                 chunks += 1
                 if ttft is None:
                     ttft = time.monotonic() - start
@@ -131,6 +133,16 @@ class BackendClient:
 
 def _url(model: ModelInfo, path: str) -> str:
     return model.base_url.rstrip("/") + path
+
+
+def _stream_error(model: ModelInfo, error) -> BackendError:
+    """A failure after the stream began: vLLM keeps HTTP 200 and sends
+    ``data: {"error": ...}`` then ``[DONE]``. The answer so far is not an
+    answer; the call failed as a 5xx would."""
+    detail = error.get("message") if isinstance(error, dict) else error
+    code = error.get("code") if isinstance(error, dict) else None
+    status = code if isinstance(code, int) and 500 <= code <= 599 else None
+    return BackendError(f"{model.name} failed mid-stream: {str(detail)[:200]}", model.name, status)
 
 
 def _raise_for_status(model: ModelInfo, status: int, text: str) -> None:

@@ -8,20 +8,22 @@
         httpx.post(sim.base_url + "/chat/completions", json={"model": "m", "messages": []})
         assert sim.stats()["m"]["max_running"] <= 4
 
-``lanes sim`` runs the same server as a process.
+``lanes sim`` runs the same server as a process. :class:`EngineCore` is the
+engine alone, on an injected clock, for harnesses that step time themselves.
 """
 
-from lanes.sim.model import SimModel, Timing, knee_factor, sample_timing
+from lanes.sim.engine import EngineCore, SimRequest
+from lanes.sim.model import SimModel, knee_factor
 from lanes.sim.server import Simulator
 from lanes.sim.specs import CatalogModels, catalog_models, parse_model_spec
 
 __all__ = [
     "CatalogModels",
+    "EngineCore",
     "SimModel",
+    "SimRequest",
     "Simulator",
-    "Timing",
     "catalog_models",
     "knee_factor",
     "parse_model_spec",
-    "sample_timing",
 ]

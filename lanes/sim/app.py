@@ -2,7 +2,7 @@
 
 Plain ASGI rather than a framework's routes because the chat handler must own
 the exact order of its sends: it counts a request out *before* the last byte
-of the answer leaves (see ``engine``), and it watches for the client going
+of the answer leaves (see ``served``), and it watches for the client going
 away while it waits or streams, as vLLM's ``with_cancellation`` does, so a
 client that disconnects frees its slot at once.
 
@@ -10,7 +10,8 @@ Routes (``/v1`` and ``/metrics`` see the models of this port; ``/admin`` sees
 every model of the simulator from any port):
 
 - ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``
-- ``GET /metrics`` (``?model=NAME`` for one model), ``GET /health``
+- ``GET /metrics`` (every model of the port; gauges lag, see ``metrics``),
+  ``GET /health`` (503 while a model of the port is down)
 - ``GET /admin/stats``, ``POST /admin/models/{name}`` (JSON changes),
   ``POST /admin/reset`` (``{"config": true}`` also restores the start settings)
 """
@@ -21,14 +22,13 @@ import asyncio
 import json
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import parse_qs
 
 from lanes.errors import InvalidInput
 from lanes.sim import openai
-from lanes.sim.engine import ModelEngine, Rejected, Ticket
+from lanes.sim.engine import FINISHED, SimRequest
 from lanes.sim.fleet import Fleet
-from lanes.sim.metrics import CONTENT_TYPE, exposition
-from lanes.sim.model import Timing
+from lanes.sim.metrics import CONTENT_TYPE, Scrape, exposition
+from lanes.sim.served import Rejected, ServedModel, Ticket
 
 JSON_HEADERS = [(b"content-type", b"application/json")]
 SSE_HEADERS = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
@@ -110,11 +110,10 @@ async def cancel_on_disconnect(receive):
         watcher.cancel()
 
 
-async def sleep_until(loop: asyncio.AbstractEventLoop, deadline: float) -> None:
-    # Absolute deadlines: per-token sleeps never add up their overshoots.
-    delay = deadline - loop.time()
-    if delay > 0:
-        await asyncio.sleep(delay)
+async def changed(request: SimRequest) -> None:
+    """Wait until the engine changes ``request`` (a token, its end, a failure)."""
+    await request.listener.wait()
+    request.listener.clear()
 
 
 class SimApp:
@@ -124,7 +123,7 @@ class SimApp:
         self.tasks: set[asyncio.Task] = set()  # requests being handled
         self.stopping = False
 
-    def models(self) -> dict[str, ModelEngine]:
+    def models(self) -> dict[str, ServedModel]:
         return self.fleet.on_port(self.port)
 
     async def __call__(self, scope, receive, send) -> None:
@@ -174,9 +173,9 @@ class SimApp:
             elif method == "GET" and path == "/v1/models":
                 await send_json(send, 200, openai.models_list(sorted(self.models())))
             elif method == "GET" and path == "/metrics":
-                await self.metrics(scope, send)
+                await self.metrics(send)
             elif method == "GET" and path == "/health":
-                await send_bytes(send, 200, b"", [])
+                await self.health(send)
             elif path.startswith("/admin/"):
                 await self.admin(method, path, receive, send)
             else:
@@ -186,22 +185,22 @@ class SimApp:
         except ClientGone:
             pass  # nobody is left to answer
 
-    def engine_for(self, body: dict[str, Any], kind: str) -> ModelEngine:
+    def engine_for(self, body: dict[str, Any], kind: str) -> ServedModel:
         name = body.get("model")
         if not isinstance(name, str):
             raise BadRequest(400, "field 'model' is required and must be a string")
-        engine = self.models().get(name)
-        if engine is None:
-            served = ", ".join(sorted(self.models())) or "none"
-            raise BadRequest(404, f"The model `{name}` does not exist (served here: {served}).", "NotFoundError")
-        if engine.model.kind != kind:
-            raise BadRequest(400, f"model {name!r} is a {engine.model.kind} model, not {kind}")
-        return engine
+        served = self.models().get(name)
+        if served is None:
+            names = ", ".join(sorted(self.models())) or "none"
+            raise BadRequest(404, f"The model `{name}` does not exist (served here: {names}).", "NotFoundError")
+        if served.model.kind != kind:
+            raise BadRequest(400, f"model {name!r} is a {served.model.kind} model, not {kind}")
+        return served
 
     # --- chat ------------------------------------------------------------------
 
     async def chat(self, receive, send, body: dict[str, Any]) -> None:
-        engine = self.engine_for(body, "chat")
+        served = self.engine_for(body, "chat")
         stream = bool(body.get("stream"))
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
         max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None
@@ -209,114 +208,135 @@ class SimApp:
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         prompt = openai.prompt_tokens(body.get("messages"))
 
-        ticket = engine.arrive()
+        ticket = served.arrive()
         try:
             async with cancel_on_disconnect(receive):
-                if not await self.admit(engine, ticket, send, headers=SSE_HEADERS if stream else None):
+                request = await self.admit(served, ticket, send, prompt, max_tokens, SSE_HEADERS if stream else None)
+                if request is None:
                     return
-                timing = engine.sample(max_tokens)
                 if stream:
-                    await self.stream_tokens(engine, ticket, send, timing, prompt, include_usage)
+                    await self.stream_tokens(served, ticket, request, send, prompt, include_usage)
                 else:
-                    await self.complete(engine, ticket, send, timing, prompt)
+                    await self.complete(served, ticket, request, send, prompt)
         finally:
-            engine.finish(ticket, "cancelled")  # a no-op when already finished
+            served.finish(ticket, "cancelled")  # a no-op when already finished
 
-    async def admit(self, engine: ModelEngine, ticket: Ticket, send, headers: list | None) -> bool:
-        """Failure injection, deferral, capacity; False when already answered.
+    async def admit(self, served: ServedModel, ticket: Ticket, send, prompt: int, max_tokens: int | None,
+                    headers: list | None) -> SimRequest | None:
+        """Failure injection, tokenizing, the engine's admission; None when already answered.
 
-        ``headers``: a stream's response starts once it is accepted (queued or
-        running), as vLLM's does; a rejection is decided before that.
+        ``headers``: a stream's response starts once the engine accepted it
+        (queued or running), as vLLM's does; a refusal is decided before that.
         """
         try:
-            failure = engine.injected_failure()
+            failure = served.injected_failure()
             if failure is not None:
-                engine.finish(ticket, "failed")
+                served.finish(ticket, "failed")
                 raise failure
-            await engine.defer(ticket)
+            if served.model.tokenize_ms > 0:  # in flight, but in no engine gauge yet
+                await asyncio.sleep(served.model.tokenize_ms / 1000)
             try:
-                engine.enter(ticket)
+                request = served.submit(ticket, prompt_tokens=prompt, max_tokens=max_tokens)
             except Rejected:
-                engine.finish(ticket, "rejected")
+                served.finish(ticket, "rejected")
                 raise
         except Rejected as exc:
             await send_json(send, exc.status, openai.error(exc.status, str(exc), exc.kind))
-            return False
+            return None
         if headers is not None:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await engine.wait_turn(ticket)
-        hang = engine.take_hang()
-        if hang is not None:
-            await asyncio.sleep(hang)  # holds its slot, as a stuck engine would
-        return True
+        return request
 
-    async def complete(self, engine: ModelEngine, ticket: Ticket, send, timing: Timing, prompt: int) -> None:
-        loop = asyncio.get_running_loop()
-        start = loop.time()
-        await sleep_until(loop, start + timing.ttft_s)
-        engine.first_token(ticket)
-        await sleep_until(loop, start + timing.total_s)
-        body = openai.dumps(openai.completion(engine.model.name, timing.tokens, prompt))
-        engine.finish(ticket, "served")
-        await send_bytes(send, 200, body, JSON_HEADERS)
+    async def complete(self, served: ServedModel, ticket: Ticket, request: SimRequest, send, prompt: int) -> None:
+        while not request.done:
+            await changed(request)
+        if request.state != FINISHED:
+            served.finish(ticket, "failed")
+            await send_json(send, 500, openai.error(500, request.error or "request failed", "InternalServerError"))
+            return
+        answer = openai.completion(served.model.name, request.generated, prompt, request.finish_reason)
+        served.finish(ticket, "served")
+        await send_bytes(send, 200, openai.dumps(answer), JSON_HEADERS)
 
-    async def stream_tokens(self, engine, ticket, send, timing: Timing, prompt: int, include_usage: bool) -> None:
-        loop = asyncio.get_running_loop()
-        writer = openai.ChunkWriter(engine.model.name)
-        start = loop.time()
-        i = 0
-        while i < timing.tokens:
-            await sleep_until(loop, start + timing.ttft_s + timing.per_token_s * i)
-            if i == 0:
-                engine.first_token(ticket)
-            # Every token already due goes out in one write.
+    async def stream_tokens(self, served, ticket, request: SimRequest, send, prompt: int, include_usage: bool) -> None:
+        """A role chunk first, a chunk per token as the engine makes them, and
+        the end: ``[DONE]``, or an error frame then ``[DONE]`` (still HTTP 200)
+        when the request fails mid-way. A preempted request simply stalls."""
+        writer = openai.ChunkWriter(served.model.name)
+        sent = 0
+        while True:
             parts = []
-            now = loop.time()
-            while i < timing.tokens and start + timing.ttft_s + timing.per_token_s * i <= now + 1e-4:
-                delta = {"role": "assistant", "content": openai.token(i)} if i == 0 else {"content": openai.token(i)}
-                last = i == timing.tokens - 1
-                parts.append(writer.chunk(delta, "length" if last else None))
-                i += 1
-            if i == timing.tokens:
-                if include_usage:
-                    parts.append(writer.usage_chunk(prompt, timing.tokens))
+            if sent == 0 and request.generated > 0:
+                parts.append(writer.chunk({"role": "assistant", "content": ""}))
+            while sent < request.generated:
+                last = request.state == FINISHED and sent == request.generated - 1
+                parts.append(writer.chunk({"content": openai.token(sent)}, request.finish_reason if last else None))
+                sent += 1
+            if request.done:
+                if request.state == FINISHED:
+                    if include_usage:
+                        parts.append(writer.usage_chunk(prompt, request.generated))
+                    served.finish(ticket, "served")  # before the client can see the end
+                else:
+                    parts.append(writer.error_chunk(openai.error(500, request.error or "request failed", "InternalServerError")))
+                    served.finish(ticket, "failed")
                 parts.append(writer.DONE)
-                engine.finish(ticket, "served")  # before the client can see the end
-            await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            if parts:
+                await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
+            if request.done:
+                break
+            await changed(request)
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # --- embeddings ----------------------------------------------------------------
 
     async def embeddings(self, receive, send, body: dict[str, Any]) -> None:
-        engine = self.engine_for(body, "embedding")
+        served = self.engine_for(body, "embedding")
         texts = openai.embedding_inputs(body.get("input"))
         if texts is None:
             raise BadRequest(400, "field 'input' must be a string or a non-empty list of strings or token lists")
-        ticket = engine.arrive()
+        ticket = served.arrive()
         try:
             async with cancel_on_disconnect(receive):
-                if not await self.admit(engine, ticket, send, headers=None):
+                prompt = sum(len(t.split()) for t in texts)
+                request = await self.admit(served, ticket, send, prompt, None, headers=None)
+                if request is None:
                     return
-                await asyncio.sleep(engine.model.embedding_ms / 1000)
-                engine.first_token(ticket)
-                answer = openai.dumps(openai.embeddings(engine.model.name, texts, engine.model.embedding_dim))
-                engine.finish(ticket, "served")
+                while not request.done:
+                    await changed(request)
+                if request.state != FINISHED:
+                    served.finish(ticket, "failed")
+                    await send_json(send, 500, openai.error(500, request.error or "request failed", "InternalServerError"))
+                    return
+                answer = openai.dumps(openai.embeddings(served.model.name, texts, served.model.embedding_dim))
+                served.finish(ticket, "served")
                 await send_bytes(send, 200, answer, JSON_HEADERS)
         finally:
-            engine.finish(ticket, "cancelled")
+            served.finish(ticket, "cancelled")
 
-    # --- metrics and admin -------------------------------------------------------
+    # --- metrics, health and admin -------------------------------------------------------
 
-    async def metrics(self, scope, send) -> None:
-        query = parse_qs(scope.get("query_string", b"").decode())
-        engines = self.models()
-        if "model" in query:
-            wanted = query["model"]
-            unknown = [n for n in wanted if n not in engines]
-            if unknown:
-                raise BadRequest(404, f"unknown model {unknown[0]!r} (served here: {', '.join(sorted(engines))})", "NotFoundError")
-            engines = {n: engines[n] for n in wanted}
-        await send_bytes(send, 200, exposition(engines.values()), [(b"content-type", CONTENT_TYPE.encode())])
+    async def metrics(self, send) -> None:
+        """Every model of this port. A model with replicas behind a load
+        balancer answers from one replica chosen at random, as a scrape
+        through the balancer would; a data-parallel one from every rank."""
+        scrape = Scrape()
+        for name, served in sorted(self.models().items()):
+            cores = served.cores
+            if served.model.data_parallel:
+                engines = [(str(i), core) for i, core in enumerate(cores)]
+            else:
+                engines = [("0", cores[served.scrape_rng.randrange(len(cores))])]
+            scrape.add(name, served.model.metrics_flavor, engines, served.rejections)
+        body = exposition(scrape, asyncio.get_running_loop().time())
+        await send_bytes(send, 200, body, [(b"content-type", CONTENT_TYPE.encode())])
+
+    async def health(self, send) -> None:
+        dead = sorted(name for name, served in self.models().items() if served.model.down)
+        if dead:
+            await send_json(send, 503, openai.error(503, f"engine dead: {', '.join(dead)}", "ServiceUnavailableError"))
+        else:
+            await send_bytes(send, 200, b"", [])
 
     async def admin(self, method: str, path: str, receive, send) -> None:
         try:

@@ -1,302 +1,351 @@
-"""The live state of one simulated model: who runs, who waits, what was counted.
+"""One simulated vLLM engine: a scheduler stepping over a KV cache, on an injected clock.
 
-Everything here runs on the simulator's event loop, so plain integers are
-exact without locks; other threads reach it through the loop (see
-``server.Simulator``).
+Nothing here sleeps, reads a clock or knows about HTTP: every call takes
+``now``, :meth:`EngineCore.advance` does what is due at that time and
+:meth:`EngineCore.next_wakeup` says when it must be called next. The HTTP
+layer drives it from its event loop; a test or a discrete-event harness can
+drive it with any clock and get the same answer for the same inputs.
 
-Accounting is the point of the simulator: tests take ``max_running`` and
-``max_in_flight`` as the ground truth of how many requests a backend saw at
-once. So:
+What it imitates from vLLM's v1 scheduler:
 
-- a request is *in flight* from its arrival until :meth:`ModelEngine.finish`,
-  which the HTTP layer calls just *before* it sends the last byte of the
-  answer; a client can never see its answer while the simulator still counts
-  it, so a client that sends its next request after an answer cannot make the
-  simulator over-count;
-- a slot is handed straight to the oldest waiter when it frees (no barging),
-  and ``running`` counts the new holder from that moment;
-- :meth:`finish` is idempotent and runs in a ``finally``, so a cancelled
-  request (client gone, server stopping) always frees what it held, including
-  a slot handed to it in the instant it was cancelled.
+- a request is admitted only if ``running < capacity`` (``max_num_seqs``),
+  its prompt fits in the free KV blocks and the step's token budget
+  (``max_num_batched_tokens``, shared with the decodes) has room; the queue
+  is FIFO and stops at a head that does not fit;
+- a running request holds a KV block per ``block_size`` tokens of prompt
+  plus generated text; when the next token needs a block and none is free,
+  the newest running request is preempted: its blocks are freed, it goes
+  back to the front of the queue to redo its prefill (prompt and what it had
+  generated), ``preemptions`` rises, and nothing new is admitted that step;
+- a request whose ``defer_until`` has not come (a grammar compiling) is
+  skipped when the scheduler reaches it, keeps its place, and from then
+  counts as waiting with reason ``deferred``;
+- gauges are snapshotted once per step and published with a lag (``stats``);
+  an abort changes the exact counts at once but no gauge until a step runs.
 """
 
 from __future__ import annotations
 
-import asyncio
-import time
+import random
 from collections import deque
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-from lanes.errors import InvalidInput
-from lanes.sim.model import FIELD_NAMES, FIXED_FIELDS, SimModel, Timing, new_rng, sample_timing
+from lanes.sim.model import SimModel, knee_factor, step_seconds
+from lanes.sim.stats import EngineCounters, GaugeSnapshot, PublishedGauges
 
-# vLLM's buckets (vllm/v1/metrics/loggers.py) so dashboards built on it fit.
-TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
-                2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
-QUEUE_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0,
-                 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
-
-# Runtime-only knobs of configure(): counters of requests still to be hit.
-INJECTIONS = frozenset({"fail_next", "hang_next"})
-CONFIGURABLE = (FIELD_NAMES - FIXED_FIELDS) | INJECTIONS
-
-
-class Rejected(Exception):
-    """The request is answered at once with ``status`` (overflow or injection)."""
-
-    def __init__(self, status: int, message: str, kind: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.kind = kind  # the OpenAI error type
-
-
-class Histogram:
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.reset()
-
-    def reset(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)  # last: +Inf
-        self.sum = 0.0
-
-    def observe(self, value: float) -> None:
-        for i, bound in enumerate(self.bounds):
-            if value <= bound:
-                self.counts[i] += 1
-                break
-        else:
-            self.counts[-1] += 1
-        self.sum += value
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        out, total = [], 0
-        for bound, count in zip((*map(str, self.bounds), "+Inf"), self.counts):
-            total += count
-            out.append((bound, total))
-        return out
+WAITING, RUNNING, FINISHED, ABORTED, FAILED = "waiting", "running", "finished", "aborted", "failed"
 
 
 @dataclass(eq=False)
-class Ticket:
-    """One request's passage through a model."""
+class SimRequest:
+    """One request inside an engine. The engine changes the fields below the line."""
 
-    arrived: float = field(default_factory=time.monotonic)
-    state: str = "new"  # new -> deferred -> waiting -> running -> done
-    grant: asyncio.Future | None = None
+    prompt_tokens: int
+    max_tokens: int  # tokens to generate
+    arrived: float
+    finish_reason: str = "stop"  # "length" when max_tokens cut the model's answer
+    service_s: float | None = None  # fixed mode: the whole answer this long after admission
+    defer_until: float = 0.0
+    hang_s: float = 0.0  # stalls this long after admission, holding its slot
+    fail_after: int | None = None  # fails mid-generation after this many tokens
+    listener: Any = None  # the HTTP layer's wake-up handle; never read here
+    # ---- engine state
+    state: str = "new"
+    generated: int = 0
+    computed: int = 0  # tokens of this admission's prefill already processed
+    blocks: int = 0
+    skipped: bool = False
+    first_scheduled: float | None = None
+    stall_until: float = 0.0
+    due: float | None = None
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    error: str | None = None
+
+    @property
+    def prefill_target(self) -> int:
+        # After a preemption the prefill recomputes what was generated too.
+        return self.prompt_tokens + self.generated
+
+    @property
+    def prefilled(self) -> bool:
+        return self.computed >= self.prefill_target
+
+    @property
+    def done(self) -> bool:
+        return self.state in (FINISHED, ABORTED, FAILED)
 
 
-class Device:
-    """Requests in flight on one device, over every model it serves."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.in_flight = 0
-        self.max_in_flight = 0
-
-    def arrive(self) -> None:
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-
-    def leave(self) -> None:
-        self.in_flight -= 1
-
-    def reset(self) -> None:
-        self.max_in_flight = self.in_flight
+@dataclass
+class Step:
+    end: float
+    decode: list[SimRequest] = field(default_factory=list)
+    prefill: list[tuple[SimRequest, int]] = field(default_factory=list)
 
 
-class ModelEngine:
-    def __init__(self, model: SimModel, device: Device | None = None) -> None:
-        self.device = device
-        self.initial = model
-        self.model = model
-        self.rng = new_rng(model)
-        self.running = 0
-        self.deferred = 0
-        self.queue: deque[Ticket] = deque()
-        self.in_flight = 0
-        self.fail_next = 0
-        self.hang_next = 0
-        self.ttft = Histogram(TTFT_BUCKETS)
-        self.queue_time = Histogram(QUEUE_BUCKETS)
-        self.reset_counters()
+class EngineCore:
+    """One engine (a replica, or a data-parallel rank) of a model."""
 
-    # --- configuration -------------------------------------------------------
+    def __init__(self, model: SimModel, rng: random.Random) -> None:
+        self.model = model  # replaced by the served model on a runtime change
+        self.rng = rng
+        self.waiting: deque[SimRequest] = deque()
+        self.running: list[SimRequest] = []  # in admission order: the newest is last
+        self.used_blocks = 0
+        self.step: Step | None = None
+        self.counters = EngineCounters()
+        self.published = PublishedGauges()
+        self.max_running = 0
 
-    def configure(self, changes: dict[str, Any]) -> None:
-        """Apply admin changes atomically: all are valid or none is applied."""
-        unknown = sorted(set(changes) - CONFIGURABLE)
-        if unknown:
-            raise InvalidInput(
-                f"unknown setting {', '.join(map(repr, unknown))} for model {self.model.name!r} "
-                f"(known: {', '.join(sorted(CONFIGURABLE))})"
-            )
-        injections = {k: changes[k] for k in INJECTIONS & set(changes)}
-        for key, value in injections.items():
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise InvalidInput(f"{key} {value!r} must be an integer >= 0")
-        settings = {k: v for k, v in changes.items() if k not in INJECTIONS}
-        model = replace(self.model, **settings) if settings else self.model
-        if "seed" in settings or "name" in settings:
-            self.rng = new_rng(model)
-        self.model = model
-        self.fail_next = injections.get("fail_next", self.fail_next)
-        self.hang_next = injections.get("hang_next", self.hang_next)
-        self._grant_free_slots()  # a raised capacity admits waiters now
+    # --- requests in and out ---------------------------------------------------
 
-    def reset_counters(self) -> None:
-        self.served = self.rejected = self.failed = self.cancelled = self.preemptions = 0
-        # Peaks restart from what is true now, not from zero: a reset while
-        # requests run must not hide them.
-        self.max_running = self.running
-        self.max_in_flight = self.in_flight
-        self.ttft.reset()
-        self.queue_time.reset()
+    def add(self, request: SimRequest) -> None:
+        request.state = WAITING
+        self.waiting.append(request)
 
-    def restore(self) -> None:
-        """Back to the model as it started, injections cleared."""
-        self.model = self.initial
-        self.rng = new_rng(self.initial)
-        self.fail_next = self.hang_next = 0
-        self._grant_free_slots()
+    def abort(self, request: SimRequest) -> None:
+        """The client went away: free what it holds. No gauge changes until a step."""
+        if request.done:
+            return
+        self._leave(request)
+        request.state = ABORTED
+        self.counters.success["abort"] += 1
 
-    # --- one request -----------------------------------------------------------
+    def fail_all(self, message: str) -> list[SimRequest]:
+        """The engine died: every request it holds ends with ``message``."""
+        failed = [*self.running, *self.waiting]
+        for request in failed:
+            self._leave(request)
+            request.state, request.error = FAILED, message
+        return failed
 
-    def arrive(self) -> Ticket:
-        ticket = Ticket()
-        self.in_flight += 1
-        self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        if self.device is not None:
-            self.device.arrive()
-        return ticket
+    def _leave(self, request: SimRequest) -> None:
+        if request.state == WAITING:
+            self.waiting.remove(request)
+        elif request.state == RUNNING:
+            self.running.remove(request)
+            self._free(request)
+            if self.step is not None:
+                self.step.decode = [r for r in self.step.decode if r is not request]
+                self.step.prefill = [(r, n) for r, n in self.step.prefill if r is not request]
 
-    def injected_failure(self) -> Rejected | None:
-        """The failure this request must answer with, if one is injected."""
+    # --- time ------------------------------------------------------------------------
+
+    def advance(self, now: float) -> list[SimRequest]:
+        """Do everything due by ``now``; return the requests that changed."""
+        changed: list[SimRequest] = []
+        acted = False
+        for request in [r for r in self.running if r.due is not None and r.due <= now]:
+            self._finish_whole(request, now)
+            changed.append(request)
+            acted = True
+        if self.step is not None and self.step.end <= now:
+            # A step left empty by aborts reports nothing, as in vLLM, where
+            # aborts are applied after the step's stats are made: the gauges
+            # stay stale until a step with work runs.
+            acted = self._complete_step(now, changed) or acted
+            self.step = None
+        if self.step is None:
+            acted = self._schedule(now) or acted
+        if acted:
+            self.published.record(self.snapshot(now), self.model.metrics_lag_s)
+        return changed
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When :meth:`advance` next has something to do (None: only on a new event)."""
+        times = [r.due for r in self.running if r.due is not None]
+        times += [r.stall_until for r in self.running if r.stall_until > now]
+        times += [r.defer_until for r in self.waiting if r.defer_until > now]
+        if self.step is not None:
+            times.append(self.step.end)
+        return min(times) if times else None
+
+    # --- the scheduler ------------------------------------------------------------
+
+    def _schedule(self, now: float) -> bool:
+        """Plan one step at ``now``; True when the engine held requests to consider."""
         m = self.model
-        if m.down:
-            return Rejected(503, f"model {m.name!r} is down (simulated)", "ServiceUnavailableError")
-        if self.fail_next > 0:
-            self.fail_next -= 1
-            return Rejected(m.fail_status, f"injected failure ({m.fail_status})", "InternalServerError")
-        if m.fail_rate > 0 and self.rng.random() < m.fail_rate:
-            return Rejected(m.fail_status, f"injected failure ({m.fail_status})", "InternalServerError")
-        return None
+        step = Step(end=now)
+        budget = m.max_num_batched_tokens
+        preemptions = self.counters.preemptions
+        for request in list(self.running):
+            if request.state != RUNNING or request.due is not None or request.stall_until > now:
+                continue
+            if request.prefilled and self._grow(request):
+                step.decode.append(request)
+                budget -= 1
+        for request in self.running:
+            if request.due is None and not request.prefilled and request.stall_until <= now and budget > 0:
+                chunk = min(request.prefill_target - request.computed, budget)
+                step.prefill.append((request, chunk))
+                budget -= chunk
+        # As vLLM: a step that had to preempt admits nobody new.
+        preempted = self.counters.preemptions > preemptions
+        admitted = False if preempted else self._admit(now, step, budget)
+        if step.decode or step.prefill:
+            prefill_tokens = sum(n for _, n in step.prefill)
+            context = sum(r.prompt_tokens + r.generated for r in step.decode)
+            step.end = now + step_seconds(m, self.rng, load=self.load, prefill_tokens=prefill_tokens,
+                                          context_tokens=context)
+            self.step = step
+            self.counters.steps += 1
+        # vLLM steps (and reports) whenever it holds requests, even when it can
+        # schedule none of them; with none left it stays idle, gauges unchanged.
+        return admitted or self.step is not None or bool(self.waiting) or bool(self.running)
 
-    async def defer(self, ticket: Ticket) -> None:
-        if self.model.defer_ms <= 0:
-            return
-        ticket.state = "deferred"
-        self.deferred += 1
-        try:
-            await asyncio.sleep(self.model.defer_ms / 1000)
-        finally:
-            self.deferred -= 1
-            ticket.state = "new"
+    def _grow(self, request: SimRequest) -> bool:
+        """Reserve the block for ``request``'s next token, preempting the newest
+        requests until it fits; False when ``request`` itself was preempted."""
+        need = self.model.blocks_for(request.prompt_tokens + request.generated + 1) - request.blocks
+        while need > self.free_blocks:
+            victim = next((r for r in reversed(self.running) if r.due is None), None)
+            self._preempt(victim)
+            if victim is request:
+                return False
+        self.used_blocks += need
+        request.blocks += need
+        return True
 
-    def enter(self, ticket: Ticket) -> None:
-        """Run now, join the queue, or raise :class:`Rejected`. Never waits."""
+    def _preempt(self, request: SimRequest) -> None:
+        self.running.remove(request)
+        self._free(request)
+        request.computed = 0
+        request.state = WAITING
+        self.waiting.appendleft(request)
+        self.counters.preemptions += 1
+
+    def _admit(self, now: float, step: Step, budget: int) -> bool:
         m = self.model
-        if self.running < m.capacity and not self.queue:
-            self._start(ticket)
-            return
-        if m.overflow == "reject":
-            raise Rejected(m.reject_status, f"model {m.name!r} is at capacity ({m.capacity})", "OverloadedError")
-        if m.max_queue is not None and len(self.queue) >= m.max_queue:
-            raise Rejected(m.reject_status, f"model {m.name!r} queue is full ({m.max_queue})", "OverloadedError")
-        ticket.state = "waiting"
-        ticket.grant = asyncio.get_running_loop().create_future()
-        self.queue.append(ticket)
+        admitted = False
+        skipped: list[SimRequest] = []
+        while self.waiting and len(self.running) < m.capacity:
+            request = self.waiting[0]
+            if request.defer_until > now:
+                self.waiting.popleft()
+                request.skipped = True
+                skipped.append(request)
+                continue
+            fixed = request.service_s is not None
+            tokens = request.prompt_tokens + (request.max_tokens if fixed else request.generated)
+            need = m.blocks_for(tokens)
+            if need > self.free_blocks or (not fixed and budget <= 0):
+                break
+            self.waiting.popleft()
+            request.state, request.blocks = RUNNING, need
+            self.used_blocks += need
+            self.running.append(request)
+            self.max_running = max(self.max_running, len(self.running))
+            admitted = True
+            if request.first_scheduled is None:
+                request.first_scheduled = now
+                request.stall_until = now + request.hang_s
+            if fixed:
+                request.due = request.stall_until + request.service_s
+            elif request.stall_until <= now:
+                chunk = min(request.prefill_target, budget)
+                step.prefill.append((request, chunk))
+                budget -= chunk
+        self.waiting.extendleft(reversed(skipped))  # skipped requests keep their places
+        return admitted
 
-    async def wait_turn(self, ticket: Ticket) -> None:
-        if ticket.state == "waiting":
-            # finish() cleans up if this wait is cancelled, granted or not.
-            await ticket.grant
-        self.queue_time.observe(time.monotonic() - ticket.arrived)
+    # --- outputs -------------------------------------------------------------------------
 
-    def sample(self, max_tokens: int | None) -> Timing:
-        return sample_timing(self.model, self.rng, running=self.running, max_tokens=max_tokens)
+    def _complete_step(self, now: float, changed: list[SimRequest]) -> bool:
+        step = self.step
+        if not step.prefill and not step.decode:
+            return False
+        for request, chunk in step.prefill:
+            request.computed += chunk
+            self.counters.prompt_tokens += chunk
+            if request.prefilled:
+                self._emit(request, now, changed)
+        for request in step.decode:
+            if request.state == RUNNING:
+                self._emit(request, now, changed)
+        return True
 
-    def take_hang(self) -> float | None:
-        if self.hang_next > 0:
-            self.hang_next -= 1
-            return self.model.hang_s
-        return None
-
-    def first_token(self, ticket: Ticket) -> None:
-        self.ttft.observe(time.monotonic() - ticket.arrived)
-
-    def finish(self, ticket: Ticket, outcome: str) -> None:
-        """Count the request out; free its slot. Safe to call more than once."""
-        if ticket.state == "done":
-            return
-        if ticket.state == "waiting":
-            self.queue.remove(ticket)
-        elif ticket.state == "running":
-            self.running -= 1
-            self._grant_free_slots()
-        ticket.state = "done"
-        self.in_flight -= 1
-        if self.device is not None:
-            self.device.leave()
-        if outcome == "served":
-            self.served += 1
-        elif outcome == "rejected":
-            self.rejected += 1
-        elif outcome == "failed":
-            self.failed += 1
+    def _emit(self, request: SimRequest, now: float, changed: list[SimRequest]) -> None:
+        """One new token for ``request`` at ``now``."""
+        request.generated += 1
+        request.computed = request.prefill_target
+        self.counters.generation_tokens += 1
+        if request.first_token_at is None:
+            request.first_token_at = now
+            self.counters.ttft.observe(now - request.arrived)
         else:
-            self.cancelled += 1
+            self.counters.inter_token.observe(now - request.last_token_at)
+        request.last_token_at = now
+        changed.append(request)
+        if request.fail_after is not None and request.generated >= request.fail_after:
+            self._leave(request)
+            request.state, request.error = FAILED, "injected failure during generation"
+        elif request.generated >= request.max_tokens:
+            self._finish(request, now)
 
-    def _start(self, ticket: Ticket) -> None:
-        ticket.state = "running"
-        self.running += 1
-        self.max_running = max(self.max_running, self.running)
+    def _finish_whole(self, request: SimRequest, now: float) -> None:
+        """A fixed-mode request: the whole answer at once (or its injected failure)."""
+        if request.fail_after is not None:
+            self._leave(request)
+            request.state, request.error = FAILED, "injected failure during generation"
+            return
+        request.generated = request.max_tokens
+        self.counters.prompt_tokens += request.prompt_tokens
+        self.counters.generation_tokens += request.max_tokens
+        request.first_token_at = request.last_token_at = now
+        self.counters.ttft.observe(now - request.arrived)
+        self._finish(request, now)
 
-    def _grant_free_slots(self) -> None:
-        while self.queue and self.running < self.model.capacity:
-            ticket = self.queue.popleft()
-            self._start(ticket)
-            if ticket.grant is not None and not ticket.grant.done():
-                ticket.grant.set_result(None)
+    def _finish(self, request: SimRequest, now: float) -> None:
+        self.running.remove(request)
+        self._free(request)
+        request.state = FINISHED
+        self.counters.success[request.finish_reason] += 1
+        self.counters.e2e.observe(now - request.arrived)
+        # vLLM records the queue time when the request finishes.
+        self.counters.queue_time.observe(request.first_scheduled - request.arrived)
 
-    # --- reporting -------------------------------------------------------------
+    def _free(self, request: SimRequest) -> None:
+        self.used_blocks -= request.blocks
+        request.blocks = 0
+
+    # --- reporting -----------------------------------------------------------------------
 
     @property
-    def waiting(self) -> int:
-        return len(self.queue) + self.deferred
+    def free_blocks(self) -> int:
+        return self.model.kv_blocks - self.used_blocks
 
     @property
-    def kv_cache_usage(self) -> float:
-        # Sequences are the only thing the simulator stores: a full batch is a
-        # full cache, which is what saturation scorers expect (kv / 0.8 >= 1).
+    def kv_usage(self) -> float:
+        return min(1.0, self.used_blocks / self.model.kv_blocks)
+
+    @property
+    def load(self) -> float:
         capacity = self.model.capacity
-        if capacity == 0:
-            return 1.0 if self.running else 0.0
-        return min(1.0, self.running / capacity)
+        return max(len(self.running) / capacity if capacity else 1.0, self.kv_usage)
 
-    def stats(self) -> dict[str, Any]:
-        m = self.model
+    def deferred(self, now: float) -> int:
+        return sum(1 for r in self.waiting if r.skipped and r.defer_until > now)
+
+    def snapshot(self, now: float) -> GaugeSnapshot:
+        deferred = self.deferred(now)
+        return GaugeSnapshot(at=now, running=len(self.running), waiting_capacity=len(self.waiting) - deferred,
+                             waiting_deferred=deferred, kv_usage=self.kv_usage)
+
+    def queued_tokens(self) -> int:
+        return sum(r.prompt_tokens for r in (*self.running, *self.waiting))
+
+    def stats(self, now: float) -> dict[str, Any]:
+        exact = self.snapshot(now)
         return {
-            "kind": m.kind,
-            "capacity": m.capacity,
-            "overflow": m.overflow,
-            "reject_status": m.reject_status,
-            "max_queue": m.max_queue,
-            "running": self.running,
-            "waiting": self.waiting,
-            "in_flight": self.in_flight,
+            "running": exact.running,
+            "waiting": exact.waiting,
+            "waiting_capacity": exact.waiting_capacity,
+            "waiting_deferred": exact.waiting_deferred,
+            "kv_cache_usage": round(exact.kv_usage, 6),
+            "kv_blocks_used": self.used_blocks,
             "max_running": self.max_running,
-            "max_in_flight": self.max_in_flight,
-            "served": self.served,
-            "rejected": self.rejected,
-            "failed": self.failed,
-            "cancelled": self.cancelled,
-            "down": m.down,
-            "fail_next": self.fail_next,
-            "fail_rate": m.fail_rate,
-            "hang_next": self.hang_next,
-            "port": m.port,
-            "device": self.device.name if self.device else None,
-            "device_in_flight": self.device.in_flight if self.device else self.in_flight,
-            "device_max_in_flight": self.device.max_in_flight if self.device else self.max_in_flight,
+            "preemptions": self.counters.preemptions,
+            "steps": self.counters.steps,
+            "knee_factor": knee_factor(self.model, self.load),
         }

@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 from lanes.errors import InvalidInput
-from lanes.sim.engine import Device, ModelEngine
+from lanes.sim.served import Device, ServedModel
 from lanes.sim.model import SimModel
 
 
 class Fleet:
     def __init__(self, models: Iterable[SimModel]) -> None:
-        self.engines: dict[str, ModelEngine] = {}
+        self.engines: dict[str, ServedModel] = {}
         self.devices: dict[str, Device] = {}
         for model in models:
             if model.name in self.engines:
@@ -19,17 +19,17 @@ class Fleet:
             device = None
             if model.device is not None:
                 device = self.devices.setdefault(model.device, Device(model.device))
-            self.engines[model.name] = ModelEngine(model, device)
+            self.engines[model.name] = ServedModel(model, device)
         if not self.engines:
             raise InvalidInput("the simulator needs at least one model")
 
-    def engine(self, name: str) -> ModelEngine:
+    def engine(self, name: str) -> ServedModel:
         try:
             return self.engines[name]
         except KeyError:
             raise InvalidInput(f"unknown model {name!r} (known: {', '.join(sorted(self.engines))})") from None
 
-    def on_port(self, port: int | None) -> dict[str, ModelEngine]:
+    def on_port(self, port: int | None) -> dict[str, ServedModel]:
         """The engines served on ``port`` (None: the main port)."""
         return {name: e for name, e in self.engines.items() if e.model.port == port}
 

@@ -1,26 +1,29 @@
-"""What one simulated model is: its capacity, overflow policy and service time.
+"""What one simulated model is: its limits, overload answer, KV cache and timing laws.
 
-A :class:`SimModel` is a typed, immutable description; the engine keeps the
-live copy and replaces it (``dataclasses.replace``) when the admin endpoint
+A :class:`SimModel` is a typed, immutable description; the served model keeps
+the live copy and replaces it (``dataclasses.replace``) when the admin endpoint
 changes it, so every change goes through the same validation.
 
-Service time (chat):
+Two timing modes (see ``engine`` for the scheduler that applies them):
 
-- ``service_ms`` set: a fixed total. The whole answer is ready after it (the
-  first token arrives at ``service_ms``), which keeps simple benchmarks exact.
-- otherwise token timing: the first of ``tokens`` tokens arrives after
-  ``ttft_ms``, each next one ``per_token_ms`` later, so the total is
-  ``ttft_ms + per_token_ms * (tokens - 1)``.
+- ``service_ms`` set: a fixed total. The whole answer is ready ``service_ms``
+  after admission (first token included), whatever else runs, which keeps
+  simple benchmarks exact. Such a request reserves the KV blocks of its whole
+  answer at admission and is never preempted.
+- otherwise vLLM-like steps. Every running request advances by one token per
+  engine step; a step that holds a prefill costs ``ttft_ms`` instead of
+  ``per_token_ms``, plus ``prefill_ms_per_token`` per prompt token it
+  processes (at most ``max_num_batched_tokens`` tokens per step, shared with
+  the decodes), plus ``context_ms_per_1k`` per thousand tokens of context in
+  the batch. Past ``knee`` the base cost grows with load (see
+  :func:`knee_factor`). So a short prompt on an idle engine sees its first
+  token after ``ttft_ms`` and the answer after ``ttft_ms + per_token_ms *
+  (tokens - 1)``; a long prompt, a queue or a full batch make both longer.
 
-``distribution="lognormal"`` multiplies both by a lognormal factor of mean 1
-and log-sigma ``sigma``, so the configured time stays the mean. Draws come from
-a ``random.Random`` seeded with ``(seed, name)``: reproducible per model.
-
-Like a real engine, a request admitted while the running batch is past
-``knee`` x capacity is slower: factor ``1 + knee_slowdown * (load - knee) /
-(1 - knee)`` where ``load = running / capacity`` (so ``1 + knee_slowdown`` at
-full capacity). ``knee_slowdown`` defaults to 0.5 with token timing and to 0
-with a fixed ``service_ms``, whose point is to be exact.
+``distribution="lognormal"`` multiplies the time (a fixed service time per
+request, or each step) by a lognormal factor of mean 1 and log-sigma
+``sigma``, so the configured time stays the mean. Draws come from a
+``random.Random`` seeded with ``(seed, name, engine index)``: reproducible.
 """
 
 from __future__ import annotations
@@ -32,15 +35,16 @@ from typing import Literal
 
 from lanes.errors import InvalidInput
 
-Overflow = Literal["queue", "reject"]
+Overflow = Literal["queue", "gateway"]
 Kind = Literal["chat", "embedding"]
 Distribution = Literal["fixed", "lognormal"]
-MetricsFlavor = Literal["current", "legacy"]
+MetricsFlavor = Literal["current", "0.12-0.19", "0.9.2-0.10", "legacy"]
 
-OVERFLOWS = ("queue", "reject")
+OVERFLOWS = ("queue", "gateway")
 KINDS = ("chat", "embedding")
 DISTRIBUTIONS = ("fixed", "lognormal")
-FLAVORS = ("current", "legacy")
+# Which vLLM releases each flavour's /metrics imitates: docs/SIMULATOR.md.
+FLAVORS = ("current", "0.12-0.19", "0.9.2-0.10", "legacy")
 DEFAULT_KNEE_SLOWDOWN = 0.5
 
 
@@ -48,23 +52,36 @@ DEFAULT_KNEE_SLOWDOWN = 0.5
 class SimModel:
     """One model served by the simulator.
 
-    ``capacity`` is vLLM's max running sequences (0 holds every request in the
-    queue until raised). Beyond it a request waits FIFO (``overflow="queue"``,
-    vLLM's behaviour) or is answered ``reject_status`` (``"reject"``); with
-    ``max_queue`` set, a queue that long also rejects. ``defer_ms`` keeps each
-    request waiting for that long with reason ``deferred`` before it competes
-    for capacity (as vLLM does while, e.g., a grammar compiles).
+    ``capacity`` is vLLM's ``max_num_seqs`` (0 holds every request in the
+    queue until raised). A request also waits while its prompt does not fit
+    in the free KV blocks (``kv_blocks`` of ``block_size`` tokens) or the
+    step's token budget is spent. When a running request needs a block for its
+    next token and none is free, the newest running request is preempted.
+
+    Overload, as vLLM answers it (``overflow="queue"``): the queue is
+    unbounded unless ``max_num_queued_reqs`` (running plus waiting) or
+    ``max_num_queued_tokens`` (their prompt tokens) is set, past which a
+    request is answered 503. ``overflow="gateway"`` answers ``reject_status``
+    (529 by default, as NVIDIA Dynamo does) whenever no slot is free.
+
+    ``defer_ms`` keeps each request unschedulable that long (as vLLM does
+    while a grammar compiles); it counts as waiting with reason ``deferred``
+    once the scheduler has reached it and skipped it. ``tokenize_ms`` is spent
+    before the engine sees a request: counted in flight, in no gauge.
 
     Failure injection at start (the admin endpoint changes them at runtime):
-    ``fail_rate`` of requests answer ``fail_status``; ``down`` answers every
-    request 503; ``hang_s`` is how long a request told to hang stalls.
+    ``fail_rate`` of requests answer ``fail_status``; ``down`` is a dead
+    engine (500 per request, 503 on /health); ``hang_s`` is how long a request
+    told to hang stalls.
 
-    ``metrics_flavor="legacy"`` exports ``vllm:gpu_cache_usage_perc`` and no
-    ``num_requests_waiting_by_reason``, like a vLLM older than 0.9.2.
+    ``replicas`` engines serve the model behind one address: as separate
+    servers behind a load balancer (each /metrics scrape answered by one of
+    them), or with ``data_parallel`` as one server whose /metrics has a series
+    per ``engine`` rank. Gauges in /metrics are published per engine step and
+    become visible ``metrics_lag_s`` later; /admin/stats is exact.
     ``port`` serves the model on its own port instead of the main one.
     ``device`` names the GPUs the model runs on: models sharing a device are
-    counted together too (``device_max_in_flight``), so a lane that several
-    models share can be checked against its width.
+    counted together too (``device_max_in_flight``).
     """
 
     name: str
@@ -72,10 +89,16 @@ class SimModel:
     kind: Kind = "chat"
     overflow: Overflow = "queue"
     reject_status: int = 529
-    max_queue: int | None = None
+    max_num_queued_reqs: int | None = None
+    max_num_queued_tokens: int | None = None
+    kv_blocks: int = 4096
+    block_size: int = 16
+    max_num_batched_tokens: int = 8192
     service_ms: float | None = None
     ttft_ms: float = 50.0
     per_token_ms: float = 10.0
+    prefill_ms_per_token: float = 0.02
+    context_ms_per_1k: float = 0.05
     tokens: int = 16
     distribution: Distribution = "fixed"
     sigma: float = 0.5
@@ -83,6 +106,7 @@ class SimModel:
     knee: float = 0.8
     knee_slowdown: float | None = None
     defer_ms: float = 0.0
+    tokenize_ms: float = 0.0
     embedding_ms: float = 5.0
     embedding_dim: int = 8
     fail_rate: float = 0.0
@@ -90,6 +114,9 @@ class SimModel:
     down: bool = False
     hang_s: float = 3600.0
     metrics_flavor: MetricsFlavor = "current"
+    metrics_lag_s: float = 3.0
+    replicas: int = 1
+    data_parallel: bool = False
     port: int | None = None
     device: str | None = None  # models on one device (a pool's GPUs) share its peak count
 
@@ -104,10 +131,16 @@ class SimModel:
             return self.knee_slowdown
         return 0.0 if self.service_ms is not None else DEFAULT_KNEE_SLOWDOWN
 
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
 
 FIELD_NAMES = frozenset(f.name for f in fields(SimModel))
-# Fields that cannot change at runtime: the name is the key, the port is bound.
-FIXED_FIELDS = frozenset({"name", "port", "device"})
+# Fields that cannot change at runtime: the name is the key, the port is bound,
+# the engines behind the address are made once.
+FIXED_FIELDS = frozenset({"name", "port", "device", "replicas", "data_parallel"})
+NON_NEGATIVE = ("ttft_ms", "per_token_ms", "prefill_ms_per_token", "context_ms_per_1k", "sigma",
+                "defer_ms", "tokenize_ms", "embedding_ms", "hang_s", "metrics_lag_s")
 
 
 def _problems(m: SimModel):
@@ -118,16 +151,21 @@ def _problems(m: SimModel):
     if m.kind not in KINDS:
         yield f"kind {m.kind!r} must be one of {', '.join(KINDS)}"
     if m.overflow not in OVERFLOWS:
-        yield f"overflow {m.overflow!r} must be one of {', '.join(OVERFLOWS)}"
+        yield f"overflow {m.overflow!r} must be one of {', '.join(OVERFLOWS)} (gateway answers reject_status when full)"
     for label in ("reject_status", "fail_status"):
         value = getattr(m, label)
         if not _is_int(value) or not 400 <= value <= 599:
             yield f"{label} {value!r} must be an HTTP error status 400-599"
-    if m.max_queue is not None and (not _is_int(m.max_queue) or m.max_queue < 0):
-        yield f"max_queue {m.max_queue!r} must be an integer >= 0 or null"
+    for label in ("max_num_queued_reqs", "max_num_queued_tokens"):
+        value = getattr(m, label)
+        if value is not None and (not _is_int(value) or value < 1):
+            yield f"{label} {value!r} must be an integer >= 1 or null (unbounded)"
+    for label in ("kv_blocks", "block_size", "max_num_batched_tokens", "replicas"):
+        if not _is_int(getattr(m, label)) or getattr(m, label) < 1:
+            yield f"{label} {getattr(m, label)!r} must be an integer >= 1"
     if m.service_ms is not None and not _non_negative(m.service_ms):
         yield f"service_ms {m.service_ms!r} must be a number >= 0 or null"
-    for label in ("ttft_ms", "per_token_ms", "sigma", "defer_ms", "embedding_ms", "hang_s"):
+    for label in NON_NEGATIVE:
         if not _non_negative(getattr(m, label)):
             yield f"{label} {getattr(m, label)!r} must be a number >= 0"
     if not _is_int(m.tokens) or m.tokens < 1:
@@ -144,8 +182,9 @@ def _problems(m: SimModel):
         yield f"embedding_dim {m.embedding_dim!r} must be an integer in 1..4096"
     if not isinstance(m.fail_rate, (int, float)) or not 0 <= m.fail_rate <= 1:
         yield f"fail_rate {m.fail_rate!r} must be a probability in [0, 1]"
-    if not isinstance(m.down, bool):
-        yield f"down {m.down!r} must be true or false"
+    for label in ("down", "data_parallel"):
+        if not isinstance(getattr(m, label), bool):
+            yield f"{label} {getattr(m, label)!r} must be true or false"
     if m.metrics_flavor not in FLAVORS:
         yield f"metrics_flavor {m.metrics_flavor!r} must be one of {', '.join(FLAVORS)}"
     if m.port is not None and (not _is_int(m.port) or not 1 <= m.port <= 65535):
@@ -160,40 +199,44 @@ def _non_negative(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value >= 0
 
 
-@dataclass(frozen=True)
-class Timing:
-    """When the tokens of one answer are due, relative to its admission."""
-
-    ttft_s: float
-    per_token_s: float
-    tokens: int
-
-    @property
-    def total_s(self) -> float:
-        return self.ttft_s + self.per_token_s * (self.tokens - 1)
-
-
-def new_rng(model: SimModel) -> random.Random:
+def new_rng(model: SimModel, index: int = 0) -> random.Random:
     # A string seed is hashed deterministically (sha512), unlike hash().
-    return random.Random(f"{model.seed}:{model.name}")
+    return random.Random(f"{model.seed}:{model.name}:{index}")
 
 
-def knee_factor(model: SimModel, running: int) -> float:
-    """How much slower a request admitted with ``running`` in the batch is."""
+def knee_factor(model: SimModel, load: float) -> float:
+    """How much slower the engine is at ``load`` (0..1: the larger of
+    running / capacity and KV usage): 1 up to the knee, then linearly up to
+    ``1 + slowdown`` at full load."""
     slowdown = model.slowdown
-    if slowdown == 0 or model.capacity == 0:
+    if slowdown == 0:
         return 1.0
-    load = running / model.capacity
-    return 1.0 + slowdown * max(0.0, load - model.knee) / (1.0 - model.knee)
+    return 1.0 + slowdown * max(0.0, min(load, 1.0) - model.knee) / (1.0 - model.knee)
 
 
-def sample_timing(model: SimModel, rng: random.Random, *, running: int, max_tokens: int | None) -> Timing:
-    """Draw the timing of one chat answer admitted with ``running`` in the batch."""
-    scale = knee_factor(model, running)
+def jitter(model: SimModel, rng: random.Random) -> float:
     if model.distribution == "lognormal" and model.sigma > 0:
         # mu = -sigma^2/2 gives the factor a mean of exactly 1.
-        scale *= rng.lognormvariate(-model.sigma**2 / 2, model.sigma)
-    tokens = model.tokens if not max_tokens else max(1, min(model.tokens, max_tokens))
-    if model.service_ms is not None:
-        return Timing(model.service_ms / 1000 * scale, 0.0, tokens)
-    return Timing(model.ttft_ms / 1000 * scale, model.per_token_ms / 1000 * scale, tokens)
+        return rng.lognormvariate(-model.sigma**2 / 2, model.sigma)
+    return 1.0
+
+
+def service_seconds(model: SimModel, rng: random.Random) -> float:
+    """The fixed-mode time of one request (``service_ms`` or an embedding)."""
+    base = model.service_ms if model.kind == "chat" else model.embedding_ms
+    return (base or 0.0) / 1000 * jitter(model, rng)
+
+
+def step_seconds(
+    model: SimModel, rng: random.Random, *, load: float, prefill_tokens: int, context_tokens: int
+) -> float:
+    """How long one engine step takes.
+
+    A step with prefill work costs ``ttft_ms`` as its base (a prefill pass),
+    one with only decodes ``per_token_ms``; the base grows past the knee; the
+    prompt tokens processed and the context attended add their own share.
+    """
+    base = model.ttft_ms if prefill_tokens else model.per_token_ms
+    seconds = base * knee_factor(model, load) * jitter(model, rng)
+    seconds += prefill_tokens * model.prefill_ms_per_token + context_tokens / 1000 * model.context_ms_per_1k
+    return seconds / 1000

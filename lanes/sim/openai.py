@@ -43,7 +43,7 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion(model: str, tokens: int, prompt: int) -> dict[str, Any]:
+def completion(model: str, tokens: int, prompt: int, finish_reason: str) -> dict[str, Any]:
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
@@ -53,7 +53,7 @@ def completion(model: str, tokens: int, prompt: int) -> dict[str, Any]:
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": "".join(token(i) for i in range(tokens))},
-                "finish_reason": "length",
+                "finish_reason": finish_reason,
             }
         ],
         "usage": usage(prompt, tokens),
@@ -73,6 +73,11 @@ class ChunkWriter:
     def usage_chunk(self, prompt: int, tokens: int) -> bytes:
         body = {**self.base, "choices": [], "usage": usage(prompt, tokens)}
         return b"data: " + dumps(body) + b"\n\n"
+
+    @staticmethod
+    def error_chunk(error_body: dict[str, Any]) -> bytes:
+        # vLLM's frame for a failure after the stream began: HTTP stays 200.
+        return b"data: " + dumps(error_body) + b"\n\n"
 
     DONE = b"data: [DONE]\n\n"
 

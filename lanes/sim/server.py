@@ -207,10 +207,16 @@ class Simulator:
         kind: str = UNSET,
         overflow: str = UNSET,
         reject_status: int = UNSET,
-        max_queue: int | None = UNSET,
+        max_num_queued_reqs: int | None = UNSET,
+        max_num_queued_tokens: int | None = UNSET,
+        kv_blocks: int = UNSET,
+        block_size: int = UNSET,
+        max_num_batched_tokens: int = UNSET,
         service_ms: float | None = UNSET,
         ttft_ms: float = UNSET,
         per_token_ms: float = UNSET,
+        prefill_ms_per_token: float = UNSET,
+        context_ms_per_1k: float = UNSET,
         tokens: int = UNSET,
         distribution: str = UNSET,
         sigma: float = UNSET,
@@ -218,6 +224,7 @@ class Simulator:
         knee: float = UNSET,
         knee_slowdown: float | None = UNSET,
         defer_ms: float = UNSET,
+        tokenize_ms: float = UNSET,
         embedding_ms: float = UNSET,
         embedding_dim: int = UNSET,
         fail_rate: float = UNSET,
@@ -225,14 +232,19 @@ class Simulator:
         down: bool = UNSET,
         hang_s: float = UNSET,
         metrics_flavor: str = UNSET,
+        metrics_lag_s: float = UNSET,
         fail_next: int = UNSET,
         hang_next: int = UNSET,
+        error_next: int = UNSET,
     ) -> dict[str, Any]:
         """Change a model at runtime, as ``POST /admin/models/{name}`` does.
 
         ``fail_next=N`` answers the next N requests ``fail_status``;
         ``hang_next=N`` makes the next N admitted requests stall ``hang_s``
-        while holding their slot. Returns the model's stats.
+        while holding their slot; ``error_next=N`` makes the next N fail after
+        their first token (a stream gets HTTP 200, then an error frame, then
+        ``[DONE]``); ``down=True`` kills the engine (500 per request, 503 on
+        /health, requests it held fail). Returns the model's stats.
         """
         changes = {k: v for k, v in locals().items() if k not in ("self", "name") and v is not UNSET}
         return self._on_loop(lambda: self.fleet.configure(name, changes))

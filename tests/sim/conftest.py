@@ -8,6 +8,7 @@ from typing import Any
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from lanes.sim import SimModel, Simulator
 from tests.polling import aeventually, eventually  # noqa: F401  (the sim tests import them from here)
@@ -60,3 +61,18 @@ async def raw_post(port: int, path: str, body: dict[str, Any]) -> tuple[int, byt
         return status, await reader.read()
     finally:
         writer.close()
+
+
+def scrape(url: str) -> dict[tuple[str, tuple], float]:
+    """Every sample of one /metrics answer as (name, sorted labels) -> value."""
+    text = httpx.get(url).text
+    return {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+def value(samples, name: str, **labels) -> float:
+    labels = {"engine": "0", **labels}
+    return samples[(name, tuple(sorted(labels.items())))]

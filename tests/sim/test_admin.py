@@ -11,7 +11,7 @@ import pytest
 
 from lanes.errors import InvalidInput
 from lanes.sim import SimModel, Simulator
-from lanes.sim.engine import CONFIGURABLE
+from lanes.sim.served import CONFIGURABLE
 
 from .conftest import aeventually, async_client, chat_body, eventually
 
@@ -32,7 +32,7 @@ def test_admin_stats_report_every_model(start_sim):
 
 def test_admin_changes_capacity_overflow_and_status_at_runtime(start_sim):
     sim = start_sim(SimModel(name="m", capacity=4, service_ms=0))
-    answer = httpx.post(sim.url + "/admin/models/m", json={"capacity": 0, "overflow": "reject", "reject_status": 429})
+    answer = httpx.post(sim.url + "/admin/models/m", json={"capacity": 0, "overflow": "gateway", "reject_status": 429})
     assert answer.status_code == 200 and answer.json()["capacity"] == 0
     assert post(sim).status_code == 429
     httpx.post(sim.url + "/admin/models/m", json={"capacity": 1})
@@ -71,10 +71,7 @@ def test_fail_rate_and_down(start_sim):
     sim = start_sim(SimModel(name="m", capacity=2, service_ms=0))
     sim.configure("m", fail_rate=1.0, fail_status=503)
     assert {post(sim).status_code for _ in range(3)} == {503}
-    sim.configure("m", fail_rate=0.0, down=True)
-    answer = post(sim)
-    assert answer.status_code == 503 and "down" in answer.json()["error"]["message"]
-    sim.configure("m", down=False)
+    sim.configure("m", fail_rate=0.0)
     assert post(sim).status_code == 200
 
 
@@ -89,7 +86,7 @@ def test_a_hung_request_holds_its_slot_until_the_client_gives_up(start_sim):
 
 
 async def test_reset_zeroes_counters_and_restarts_peaks_from_now(start_sim):
-    sim = start_sim(SimModel(name="m", capacity=1, service_ms=300))
+    sim = start_sim(SimModel(name="m", capacity=1, service_ms=1500))
     async with async_client(sim) as client:
         calls = [asyncio.create_task(client.post("/chat/completions", json=chat_body("m"))) for _ in range(2)]
         await aeventually(lambda: sim.stats()["m"]["in_flight"] == 2, what="2 in flight")

@@ -1,10 +1,8 @@
-"""Capacity, FIFO queueing, bounded queues and rejection, seen over HTTP."""
+"""Capacity and FIFO queueing, seen over HTTP (overload answers: test_overload)."""
 
 from __future__ import annotations
 
 import asyncio
-
-import pytest
 
 from lanes.sim import SimModel
 
@@ -47,30 +45,6 @@ async def test_the_queue_is_served_in_arrival_order(start_sim):
         sim.configure("m", capacity=1)
         await asyncio.gather(*calls)
     assert finished == [0, 1, 2, 3, 4]
-
-
-async def test_a_bounded_queue_rejects_when_full(start_sim):
-    sim = start_sim(SimModel(name="m", capacity=1, max_queue=2, reject_status=503, service_ms=200))
-    async with async_client(sim) as client:
-        answers = await asyncio.gather(*(client.post("/chat/completions", json=chat_body("m")) for _ in range(5)))
-    statuses = sorted(a.status_code for a in answers)
-    assert statuses == [200, 200, 200, 503, 503]
-    stats = sim.stats()["m"]
-    assert (stats["served"], stats["rejected"], stats["max_running"]) == (3, 2, 1)
-
-
-@pytest.mark.parametrize("status", [529, 429, 503])
-async def test_reject_mode_answers_the_configured_status_past_capacity(start_sim, status):
-    sim = start_sim(SimModel(name="m", capacity=2, overflow="reject", reject_status=status, service_ms=200))
-    async with async_client(sim) as client:
-        answers = await asyncio.gather(*(client.post("/chat/completions", json=chat_body("m")) for _ in range(5)))
-    rejected = [a for a in answers if a.status_code != 200]
-    assert len(rejected) == 3
-    assert {a.status_code for a in rejected} == {status}
-    error = rejected[0].json()["error"]
-    assert error["code"] == status and "capacity" in error["message"]
-    stats = sim.stats()["m"]
-    assert (stats["served"], stats["rejected"], stats["max_running"], stats["waiting"]) == (2, 3, 2, 0)
 
 
 async def test_raising_capacity_at_runtime_admits_waiters_at_once(start_sim):

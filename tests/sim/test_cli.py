@@ -127,6 +127,9 @@ def test_model_specs_are_served_on_the_main_port():
         (["--catalog", "/nonexistent/catalog.toml"], "does not exist"),
         ([], "nothing to simulate"),
         (["--model", "m:1", "--reject-status", "200"], "reject_status 200"),
+        (["--model", "m:1", "--replicas", "0"], "replicas 0"),
+        (["--model", "m:1", "--kv-blocks", "0"], "kv_blocks 0"),
+        (["--model", "m:1", "--max-num-queued-reqs", "0"], "max_num_queued_reqs 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -155,3 +158,28 @@ def test_a_port_in_use_is_a_one_line_failure():
         result = CliRunner().invoke(main, ["sim", "--port", str(busy.getsockname()[1]), "--model", "m:1"])
     assert result.exit_code == 1
     assert result.stderr.startswith("error: cannot listen on 127.0.0.1:") and len(result.stderr.splitlines()) == 1
+
+
+def test_help_shows_how_to_change_a_model_at_runtime():
+    result = CliRunner().invoke(main, ["sim", "--help"])
+    assert result.exit_code == 0
+    for knob in ('{"fail_next": 3}', '"hang_next": 1', '{"down": true}', '{"capacity": 8}', '{"error_next": 1}',
+                 "curl -X POST localhost:8700/admin/models/chat-small"):
+        assert knob in result.output
+
+
+def test_the_help_examples_work_against_a_running_simulator():
+    port = free_port()
+    process, _ = start_process("--port", str(port), "--model", "chat-small:1:0", "--replicas", "2", "--data-parallel",
+                               "--metrics-flavor", "0.9.2-0.10", "--metrics-lag-s", "0")
+    admin = f"http://127.0.0.1:{port}/admin/models/chat-small"
+    try:
+        # as curl sends it: form content type, JSON body
+        headers = {"content-type": "application/x-www-form-urlencoded"}
+        assert httpx.post(admin, content=b'{"down": true}', headers=headers).status_code == 200
+        assert httpx.get(f"http://127.0.0.1:{port}/health").status_code == 503
+        assert httpx.post(admin, content=b'{"down": false, "capacity": 8}', headers=headers).json()["capacity"] == 8
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'engine="1"' in metrics and "vllm:gpu_cache_usage_perc" in metrics
+    finally:
+        stop_process(process)

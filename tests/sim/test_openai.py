@@ -41,10 +41,11 @@ def test_a_stream_sends_one_chunk_per_token_then_done(sim):
     assert all(line.startswith("data: ") for line in lines)
     assert lines[-1] == "data: [DONE]"
     chunks = [json.loads(line.removeprefix("data: ")) for line in lines[:-1]]
-    tokens = [c for c in chunks if c["choices"]]
-    assert len(tokens) == 6
-    assert tokens[0]["choices"][0]["delta"]["role"] == "assistant"
-    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 5 + ["length"]
+    role, *tokens = [c for c in chunks if c["choices"]]
+    # vLLM's first chunk carries only the role
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(tokens) == 6 and all("role" not in c["choices"][0]["delta"] for c in tokens)
+    assert [c["choices"][0]["finish_reason"] for c in tokens] == [None] * 5 + ["stop"]
     assert chunks[-1]["usage"]["completion_tokens"] == 6
     assert len({c["id"] for c in chunks}) == 1
 
@@ -52,8 +53,9 @@ def test_a_stream_sends_one_chunk_per_token_then_done(sim):
 def test_max_tokens_caps_the_answer(sim):
     request = chat_body("chat", stream=True, max_tokens=2)
     with httpx.stream("POST", sim.base_url + "/chat/completions", json=request) as answer:
-        data = [line for line in answer.iter_lines() if line.startswith("data: {")]
-    assert len(data) == 2
+        data = [json.loads(line.removeprefix("data: ")) for line in answer.iter_lines() if line.startswith("data: {")]
+    assert len(data) == 1 + 2  # the role, then two tokens
+    assert data[-1]["choices"][0]["finish_reason"] == "length"
 
 
 def test_embeddings_give_one_unit_vector_per_input(sim):
