@@ -12,6 +12,7 @@ when it was written, whatever the models look like later.
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timezone
 
 import sqlalchemy as sa
@@ -66,16 +67,21 @@ catalog_version = sa.table(
     sa.column("id", sa.Integer),
     sa.column("version", sa.BigInteger),
     sa.column("changed_at", sa.DateTime(timezone=True)),
+    sa.column("identity", sa.String),
 )
 
 
 def bump_version(conn) -> None:
-    """Tell running processes the catalog changed (data revisions change it too)."""
-    conn.execute(
-        catalog_version.update()
-        .where(catalog_version.c.id == 1)
-        .values(version=catalog_version.c.version + 1, changed_at=datetime.now(timezone.utc))
-    )
+    """Tell running processes the catalog changed (data revisions change it too).
+
+    From catalog_0002 on, the catalog identity is drawn anew as well; a fleet
+    revision may run on a schema still at catalog_0001 (it depends on that
+    one only), where the column does not exist yet.
+    """
+    values = {"version": catalog_version.c.version + 1, "changed_at": datetime.now(timezone.utc)}
+    if "identity" in {column["name"] for column in sa.inspect(conn).get_columns("catalog_version")}:
+        values["identity"] = uuid.uuid4().hex
+    conn.execute(catalog_version.update().where(catalog_version.c.id == 1).values(**values))
 
 
 def rows(conn, table, *where) -> list[dict]:

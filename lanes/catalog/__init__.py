@@ -4,7 +4,8 @@ Public names (import them from here):
 
 - :func:`open_catalog` gives an engine whose schema is at head;
 - :func:`load_routing` / :func:`refresh` read the catalog as frozen values,
-  :func:`catalog_version` says whether it changed;
+  :func:`catalog_stamp` says whether it changed (:func:`catalog_version` is the
+  number people read);
 - :func:`apply_document` upserts a declarative document, :func:`export_document`
   gives it back, :func:`read_document` reads a TOML or YAML file;
 - :func:`record_event` appends a routing event.
@@ -23,7 +24,7 @@ from lanes.catalog.files import dump, read_document
 from lanes.catalog.migrate import ensure_schema
 from lanes.catalog.pools import set_pool_width
 from lanes.catalog.routing import ModelInfo, PoolInfo, RoutingTable, WorkflowRoute, load_routing, refresh
-from lanes.catalog.version import catalog_version
+from lanes.catalog.version import CatalogStamp, catalog_stamp, catalog_version
 from lanes.settings import Settings
 
 
@@ -45,6 +46,7 @@ def open_catalog(settings: Settings) -> Engine:
 
 __all__ = [
     "CatalogDocument",
+    "CatalogStamp",
     "Change",
     "ChangeSet",
     "EventRecord",
@@ -53,6 +55,7 @@ __all__ = [
     "RoutingTable",
     "WorkflowRoute",
     "apply_document",
+    "catalog_stamp",
     "catalog_version",
     "dump",
     "export_document",

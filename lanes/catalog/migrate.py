@@ -24,7 +24,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy.engine import Engine
 
-from lanes.catalog.engine import database_errors
+from lanes.catalog.engine import database_errors, writing
 from lanes.errors import InvalidInput
 
 SCHEMA_HEAD = "schema@head"
@@ -150,7 +150,7 @@ def _upgrade_schema(engine: Engine, script: ScriptDirectory, head: str) -> None:
     # A second process doing the same waits on the lock env.py takes and then
     # finds the schema at head.
     with database_errors(engine):
-        with engine.begin() as conn, alembic_config(connection=conn) as config:
+        with writing(engine) as conn, alembic_config(connection=conn) as config:
             command.upgrade(config, SCHEMA_HEAD)
 
 
