@@ -13,7 +13,7 @@ lists its current name as a previous name is renamed in place, keeping its id
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
@@ -21,7 +21,7 @@ from sqlalchemy.engine import Connection, Engine
 from lanes.catalog.document import CatalogDocument, ModelSpec, PoolSpec, validate
 from lanes.catalog.engine import database_errors, writing
 from lanes.catalog.shown import show
-from lanes.errors import CatalogInvalid
+from lanes.errors import CatalogInvalid, InvalidInput
 from lanes.catalog.state import (
     CatalogState,
     Row,
@@ -55,10 +55,16 @@ class ChangeSet:
     changes: tuple[Change, ...]
     version: int  # the catalog version after the apply (unchanged for a dry run or a no-op)
     dry_run: bool
+    # A prune that leaves no pool, model or workflow in a catalog that had some.
+    leaves_empty: bool = False
 
     @property
     def empty(self) -> bool:
         return not self.changes
+
+    @property
+    def deleted_pools(self) -> list[str]:
+        return [c.name for c in self.changes if c.kind == "pool" and c.action == "delete"]
 
     def lines(self) -> list[str]:
         return [change.describe() for change in self.changes]
@@ -85,17 +91,37 @@ def _show(value: Any) -> str:
     return "none" if value is None else show(value)
 
 
-def apply_document(engine: Engine, document: dict, *, dry_run: bool = False, prune: bool = False) -> ChangeSet:
-    """Upsert ``document`` into the catalog. Raises CatalogInvalid before writing anything."""
+def apply_document(
+    engine: Engine,
+    document: dict,
+    *,
+    dry_run: bool = False,
+    prune: bool = False,
+    checked_pool_deletions: Collection[str] | None = None,
+) -> ChangeSet:
+    """Upsert ``document`` into the catalog. Raises CatalogInvalid before writing anything.
+
+    ``checked_pool_deletions``: the pools a caller checked were safe to prune
+    (from a dry run). If the catalog changed meanwhile so that the apply would
+    delete another one, nothing is written and the caller is told to look again.
+    """
     desired = validate(document)
     with database_errors(engine), writing(engine) as conn:
         version = lock_version(conn)
         current = read_state(conn)
         plan = _Plan(current, desired, prune)
+        changes = ChangeSet(tuple(plan.changes), version, dry_run, plan.leaves_empty)
+        if checked_pool_deletions is not None:
+            unchecked = sorted(set(changes.deleted_pools) - set(checked_pool_deletions))
+            if unchecked:
+                raise InvalidInput(
+                    f"the catalog changed while the prune was checked: it would now also remove "
+                    f"{', '.join(unchecked)}; run the apply again"
+                )
         if plan.changes and not dry_run:
             plan.write(conn)
             version = bump_version(conn)
-    return ChangeSet(tuple(plan.changes), version, dry_run)
+    return ChangeSet(tuple(plan.changes), version, dry_run, plan.leaves_empty)
 
 
 class _Plan:
@@ -110,6 +136,11 @@ class _Plan:
         self._diff("pool", desired.pools, self.pool_match.get)
         self._diff("model", desired.models, current.models.get)
         self._diff("workflow", desired.workflows, current.workflows.get)
+        self.leaves_empty = bool(
+            prune
+            and not (desired.pools or desired.models or desired.workflows)
+            and (current.pools or current.models or current.workflows)
+        )
         if prune:
             kept_pools = {row.id for row in self.pool_match.values()}
             for kind, rows, keep in (

@@ -14,6 +14,7 @@ import importlib.resources
 import logging
 import re
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -23,10 +24,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
 from lanes.catalog.engine import database_errors, make_engine, writing
 from lanes.errors import InvalidInput
+from lanes.settings import mask_url
 
 SCHEMA_HEAD = "schema@head"
 # Data revisions report edits their downgrade overwrites here (migrations/helpers.py).
@@ -238,6 +240,36 @@ def _echo_progress(progress: Callable[[str], None] | None) -> Iterator[None]:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
         edits.removeHandler(report)
+
+
+def _no_schema(url: object) -> InvalidInput:
+    shown = url.url.render_as_string(hide_password=True) if isinstance(url, Engine) else mask_url(str(url))
+    return InvalidInput(
+        f"catalog database {shown} has no catalog tables (is the path or database name right?); "
+        "create them with `lanes db upgrade` (or `lanes catalog apply FILE`)"
+    )
+
+
+def refuse_missing_file(url: str) -> None:
+    """A SQLite path that does not exist: refuse before anything creates the file."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        return  # make_engine says what is wrong with it
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if database and database != ":memory:" and not database.startswith("file:"):
+        if not Path(database).expanduser().exists():
+            raise _no_schema(url)
+
+
+def refuse_missing_schema(engine: Engine) -> None:
+    """A database where the catalog tables were never created."""
+    script = script_directory()
+    first = script.get_revision(SCHEMA_HEAD)
+    while first.down_revision is not None:
+        first = script.get_revision(first.down_revision)
+    if first.revision not in applied_revisions(script, current_heads(engine)):
+        raise _no_schema(engine)
 
 
 def table_names(engine: Engine) -> list[str]:
