@@ -198,3 +198,18 @@ def test_concurrent_applies_of_one_file_never_fail(engine, db_url, tmp_path):
         assert sorted(len(lines) for lines in results) == [0, 100]
         with engine.begin() as conn:
             conn.execute(sa.text("DELETE FROM pools"))
+
+
+def test_an_apply_killed_mid_write_leaves_the_catalog_as_it_was(engine, db_url, tmp_path):
+    # Given a catalog, and an apply of many new pools killed after its first insert
+    apply_document(engine, pools(("p1", 1)))
+    before = load_routing(engine)
+    child = start_child(db_url, pools(("p1", 2), *[(f"new-{n}", 1) for n in range(50)]), tmp_path)
+    read_until(child, lambda line: line.startswith("SQL INSERT"))
+    child.kill()
+    child.wait(timeout=60)
+
+    # Then nothing of it is visible, and the next apply goes through
+    after = load_routing(engine)
+    assert after.stamp == before.stamp and {n: p.width for n, p in after.pools.items()} == {"p1": 1}
+    assert apply_document(engine, pools(("p1", 3))).lines() == ["~ pool p1: width 1 -> 3"]
