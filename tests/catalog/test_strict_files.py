@@ -119,7 +119,7 @@ def test_yaml_1_1_number_forms_are_refused(value):
 def test_quoted_or_decimal_numbers_read_as_written():
     assert parse(POOL_YAML.format(width="10"), "yaml")["pools"][0]["width"] == 10
     assert parse(POOL_YAML.format(width="'010'"), "yaml")["pools"][0]["width"] == "010"
-    assert parse("x: 1.5\ny: -2.5e3\n", "yaml") == {"x": 1.5, "y": -2500.0}
+    assert parse("x: 1.5\ny: -2.5e+3\n", "yaml") == {"x": 1.5, "y": -2500.0}
 
 
 @pytest.mark.parametrize(
