@@ -21,7 +21,6 @@ from sqlalchemy.engine import Connection, Engine
 from lanes.catalog.document import CatalogDocument, ModelSpec, PoolSpec, validate
 from lanes.catalog.engine import database_errors, writing
 from lanes.catalog.shown import show
-from lanes.errors import CatalogInvalid, InvalidInput
 from lanes.catalog.state import (
     CatalogState,
     Row,
@@ -33,6 +32,7 @@ from lanes.catalog.state import (
     workflows_t,
 )
 from lanes.catalog.version import bump_version, lock_version
+from lanes.errors import CatalogInvalid, InvalidInput
 
 @dataclass(frozen=True)
 class Change:
@@ -110,9 +110,9 @@ def apply_document(
         version = lock_version(conn)
         current = read_state(conn)
         plan = _Plan(current, desired, prune)
-        changes = ChangeSet(tuple(plan.changes), version, dry_run, plan.leaves_empty)
         if checked_pool_deletions is not None:
-            unchecked = sorted(set(changes.deleted_pools) - set(checked_pool_deletions))
+            deleted = {c.name for c in plan.changes if c.kind == "pool" and c.action == "delete"}
+            unchecked = sorted(deleted - set(checked_pool_deletions))
             if unchecked:
                 raise InvalidInput(
                     f"the catalog changed while the prune was checked: it would now also remove "

@@ -36,7 +36,9 @@ def known(names: Iterable[str]) -> str:
     names = sorted(names)
     if not names:
         return " (it declares none)"
-    listed = ", ".join(name if len(name) <= 40 else show(name) for name in names[:8]) + (", ..." if len(names) > 8 else "")
+    # Names in the file may be anything, long ones included: shorten them.
+    listed = ", ".join(name if len(name) <= 40 else show(name) for name in names[:8])
+    listed += ", ..." if len(names) > 8 else ""
     return f" (known: {listed})"
 
 

@@ -189,7 +189,9 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
     for i, model in items["models"]:
         path = f"models[{i}]"
         if model.pool is not None and model.pool not in declared["pools"]:
-            problems.append(f"{path}.pool: {show(model.pool)} is not a pool in this file{checks.known(declared['pools'])}")
+            problems.append(
+                f"{path}.pool: {show(model.pool)} is not a pool in this file{checks.known(declared['pools'])}"
+            )
         if model.service is not None and model.service not in declared["services"]:
             problems.append(
                 f"{path}.service: {show(model.service)} is not a service in this file"

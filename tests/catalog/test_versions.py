@@ -166,9 +166,9 @@ def test_a_downgrade_dry_run_lists_the_overwritten_edits_and_changes_nothing(iso
         assert migrate.branch_states(engine)[1].revision == "fleet_0003"
         lines = dry.output.splitlines()
         assert "dry run: Running downgrade fleet_0003 -> fleet_0002" in dry.output
-        assert any(
-            line.startswith("dry run: fleet_0003 downgrade: pools id") and "(aifarm-gpu0-dialog)" in line and "width 4 -> 3" in line for line in lines
-        ), lines
+        dialog = [line for line in lines if line.startswith("dry run: fleet_0003 downgrade: pools id")
+                  and "(aifarm-gpu0-dialog)" in line]
+        assert len(dialog) == 1 and "width 4 -> 3" in dialog[0], lines
         assert any("fleet_0002 downgrade: workflows" in line and "reserve_ms 10000 -> 5000" in line for line in lines)
         assert lines[-1] == "dry run: nothing was changed"
 
