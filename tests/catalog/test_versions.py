@@ -247,3 +247,32 @@ def test_db_upgrade_of_a_fleet_revision_brings_the_schema_to_head_first(isolated
         ("schema", "catalog_0002"),
         ("fleet", "fleet_0003"),
     ]
+
+
+def test_a_failed_fleet_downgrade_changes_nothing_of_its_step_and_can_be_retried(db_url, engine):
+    from lanes.errors import LanesError
+
+    # Given the fleet, and an operator's model of their own in one of its pools
+    migrate.upgrade(db_url, "schema@head")
+    migrate.upgrade(db_url, "fleet_0001")
+    with engine.begin() as conn:
+        pool_id = conn.execute(sa.text("SELECT id FROM pools WHERE name = 'draw'")).scalar_one()
+        conn.execute(
+            sa.text(
+                "INSERT INTO models (name, base_url, kind, pool_id, timeout_ms)"
+                " VALUES ('mine', 'http://x/v1', 'chat', :p, 1000)"
+            ),
+            {"p": pool_id},
+        )
+    before = snapshot(engine)
+
+    # When the fleet is taken out, its pool cannot go (the model refers to it)
+    with pytest.raises(LanesError, match="refused the operation"):
+        migrate.downgrade(db_url, "fleet@base")
+
+    # Then nothing of the step changed, its record of ids included, and it works once the model is gone
+    assert snapshot(engine) == before and migrate.branch_states(engine)[1].revision == "fleet_0001"
+    with engine.begin() as conn:
+        conn.execute(sa.text("DELETE FROM models WHERE name = 'mine'"))
+    migrate.downgrade(db_url, "fleet@base")
+    assert load_routing(engine).pools == {}
