@@ -22,7 +22,7 @@ from alembic import context
 from sqlmodel import SQLModel
 
 import lanes.catalog.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-from lanes.catalog.engine import make_engine
+from lanes.catalog.engine import SQLITE_BEGIN_OPTION, make_engine
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -48,11 +48,12 @@ def _url() -> str:
 
 
 def _run(connection) -> None:
-    if connection.dialect.name == "sqlite" and not connection.connection.dbapi_connection.in_transaction:
+    if connection.dialect.name == "sqlite" and not connection.in_transaction():
         # Take SQLite's write lock before alembic reads the version table, so a
         # second process creating the same catalog waits (busy timeout) and
         # then finds nothing to do. It also makes SQLite's DDL transactional.
-        connection.exec_driver_sql("BEGIN IMMEDIATE")
+        # (The engine's begin hook sends BEGIN IMMEDIATE; see lanes.catalog.engine.)
+        connection.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
     context.configure(
         connection=connection,
         target_metadata=target_metadata,

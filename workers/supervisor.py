@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 
-from lanes.catalog import catalog_version, load_routing, open_catalog
+from lanes.catalog import catalog_stamp, load_routing, open_catalog
 from lanes.settings import Settings
 from workers.fleet import FleetPlan, plan_fleet
 
@@ -67,7 +67,7 @@ class FleetSupervisor:
 
     def run(self) -> int:
         plan = self.plan()  # an unknown fleet fails here, before anything starts
-        version = catalog_version(self.engine)
+        version = catalog_stamp(self.engine)
         self._child = self._start(plan)
         backoff = 1.0
         try:
@@ -79,7 +79,7 @@ class FleetSupervisor:
                     self._child = self._start(plan)
                     continue
                 backoff = 1.0
-                current = catalog_version(self.engine)
+                current = catalog_stamp(self.engine)
                 if current == version:
                     continue
                 version = current

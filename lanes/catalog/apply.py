@@ -13,13 +13,14 @@ lists its current name as a previous name is renamed in place, keeping its id
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Collection, Iterable
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
 from lanes.catalog.document import CatalogDocument, ModelSpec, PoolSpec, validate
-from lanes.catalog.engine import database_errors
+from lanes.catalog.engine import database_errors, writing
+from lanes.catalog.shown import show
 from lanes.catalog.state import (
     CatalogState,
     Row,
@@ -31,6 +32,7 @@ from lanes.catalog.state import (
     workflows_t,
 )
 from lanes.catalog.version import bump_version, lock_version
+from lanes.errors import CatalogInvalid, InvalidInput
 
 @dataclass(frozen=True)
 class Change:
@@ -53,10 +55,16 @@ class ChangeSet:
     changes: tuple[Change, ...]
     version: int  # the catalog version after the apply (unchanged for a dry run or a no-op)
     dry_run: bool
+    # A prune that leaves no pool, model or workflow in a catalog that had some.
+    leaves_empty: bool = False
 
     @property
     def empty(self) -> bool:
         return not self.changes
+
+    @property
+    def deleted_pools(self) -> list[str]:
+        return [c.name for c in self.changes if c.kind == "pool" and c.action == "delete"]
 
     def lines(self) -> list[str]:
         return [change.describe() for change in self.changes]
@@ -80,20 +88,40 @@ class ChangeSet:
 def _show(value: Any) -> str:
     if isinstance(value, tuple):
         value = list(value)
-    return "none" if value is None else repr(value)
+    return "none" if value is None else show(value)
 
 
-def apply_document(engine: Engine, document: dict, *, dry_run: bool = False, prune: bool = False) -> ChangeSet:
-    """Upsert ``document`` into the catalog. Raises CatalogInvalid before writing anything."""
+def apply_document(
+    engine: Engine,
+    document: dict,
+    *,
+    dry_run: bool = False,
+    prune: bool = False,
+    checked_pool_deletions: Collection[str] | None = None,
+) -> ChangeSet:
+    """Upsert ``document`` into the catalog. Raises CatalogInvalid before writing anything.
+
+    ``checked_pool_deletions``: the pools a caller checked were safe to prune
+    (from a dry run). If the catalog changed meanwhile so that the apply would
+    delete another one, nothing is written and the caller is told to look again.
+    """
     desired = validate(document)
-    with database_errors(engine), engine.begin() as conn:
+    with database_errors(engine), writing(engine) as conn:
         version = lock_version(conn)
         current = read_state(conn)
         plan = _Plan(current, desired, prune)
+        if checked_pool_deletions is not None:
+            deleted = {c.name for c in plan.changes if c.kind == "pool" and c.action == "delete"}
+            unchecked = sorted(deleted - set(checked_pool_deletions))
+            if unchecked:
+                raise InvalidInput(
+                    f"the catalog changed while the prune was checked: it would now also remove "
+                    f"{', '.join(unchecked)}; run the apply again"
+                )
         if plan.changes and not dry_run:
             plan.write(conn)
             version = bump_version(conn)
-    return ChangeSet(tuple(plan.changes), version, dry_run)
+    return ChangeSet(tuple(plan.changes), version, dry_run, plan.leaves_empty)
 
 
 class _Plan:
@@ -102,18 +130,17 @@ class _Plan:
         self.desired = desired
         self.prune = prune
         # desired pool name -> current row it updates (matched by name, else by a previous name)
-        self.pool_match: dict[str, Row[PoolSpec]] = {}
-        for pool in desired.pools:
-            row = current.pools.get(pool.name) or next(
-                (current.pools[old] for old in pool.previous_names if old in current.pools), None
-            )
-            if row is not None and row.id not in {r.id for r in self.pool_match.values()}:
-                self.pool_match[pool.name] = row
+        self.pool_match = match_pools(current.pools, desired.pools)
         self.changes: list[Change] = []
         self._diff("service", desired.services, current.services.get)
         self._diff("pool", desired.pools, self.pool_match.get)
         self._diff("model", desired.models, current.models.get)
         self._diff("workflow", desired.workflows, current.workflows.get)
+        self.leaves_empty = bool(
+            prune
+            and not (desired.pools or desired.models or desired.workflows)
+            and (current.pools or current.models or current.workflows)
+        )
         if prune:
             kept_pools = {row.id for row in self.pool_match.values()}
             for kind, rows, keep in (
@@ -198,6 +225,48 @@ class _Plan:
                 conn.execute(pools_t.delete().where(pools_t.c.id == self.current.pools[change.name].id))
             elif change.kind == "service":
                 conn.execute(services_t.delete().where(services_t.c.id == self.current.services[change.name].id))
+
+
+def match_pools(current: dict[str, Row[PoolSpec]], desired: Iterable[PoolSpec]) -> dict[str, Row[PoolSpec]]:
+    """Which current row each file pool updates; a pool with no row is created.
+
+    A current name always wins: a file pool whose name exists updates that
+    row, even if another file pool lists the name as a previous one (the name
+    was freed by a rename and given to a new pool). Only then does a pool
+    not found by name take the row of its newest previous name that no other
+    file pool holds. Two file pools claiming the same row that way are
+    ambiguous and refused. Linear in the number of pools.
+    """
+    desired = list(desired)
+    match: dict[str, Row[PoolSpec]] = {}
+    claimed: dict[int, int] = {}  # row id -> index of the file pool holding it
+    for index, pool in enumerate(desired):
+        row = current.get(pool.name)
+        if row is not None:
+            match[pool.name] = row
+            claimed[row.id] = index
+    problems = []
+    for index, pool in enumerate(desired):
+        if pool.name in match:
+            continue
+        for old in reversed(pool.previous_names):
+            row = current.get(old)
+            if row is None:
+                continue
+            if row.id in claimed:
+                holder = desired[claimed[row.id]]
+                if holder.name != old:  # both are renames of the same pool
+                    problems.append(
+                        f"pools[{index}].previous_names: {old!r} is also renamed by pools[{claimed[row.id]}] "
+                        f"({holder.name!r}); only one pool can take its place"
+                    )
+                continue
+            match[pool.name] = row
+            claimed[row.id] = index
+            break
+    if problems:
+        raise CatalogInvalid(problems)
+    return match
 
 
 def _upsert(conn: Connection, table: sa.Table, row: Row | None, values: dict) -> int:

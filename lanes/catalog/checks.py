@@ -14,6 +14,8 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ValidationError
 
 from lanes.catalog import controllers
+from lanes.catalog.shown import show, show_hidden
+from lanes.catalog.tables import URL_LENGTH
 from lanes.errors import InvalidInput
 from lanes.priority import Priority
 
@@ -24,16 +26,19 @@ _MODEL_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:/@+-]{0,199}")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,99}")
 
 
-def show(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+# Upper bounds: PostgreSQL's INTEGER and the URL columns' length. SQLite would
+# store bigger values (or fail with a raw OverflowError past 2^63), so the
+# document refuses them first and both databases behave the same.
+MAX_INTEGER = 2**31 - 1
 
 
 def known(names: Iterable[str]) -> str:
     names = sorted(names)
     if not names:
         return " (it declares none)"
-    listed = ", ".join(names[:8]) + (", ..." if len(names) > 8 else "")
+    # Names in the file may be anything, long ones included: shorten them.
+    listed = ", ".join(name if len(name) <= 40 else show(name) for name in names[:8])
+    listed += ", ..." if len(names) > 8 else ""
     return f" (known: {listed})"
 
 
@@ -54,16 +59,22 @@ def model_name(value: str) -> str:
 
 def env_name(value: str) -> str:
     if not _ENV_NAME.fullmatch(value):
+        # Most often the key itself, pasted here: never echo it into a log.
         raise ValueError(
-            f"{show(value)} is not an environment variable name (put the key itself in the environment)"
+            f"{show_hidden(value)} is not an environment variable name "
+            "(put the key itself in the environment and name the variable here)"
         )
     return value
 
 
 def at_least(low: int, what: str) -> Callable[[int], int]:
+    """``low`` or more, and at most :data:`MAX_INTEGER` (what every database stores)."""
+
     def check(value: int) -> int:
         if value < low:
-            raise ValueError(f"{value!r} is not {what} >= {low}")
+            raise ValueError(f"{show(value)} is not {what} >= {low}")
+        if value > MAX_INTEGER:
+            raise ValueError(f"{show(value)} is too large for {what} (at most {MAX_INTEGER})")
         return value
 
     return check
@@ -72,7 +83,7 @@ def at_least(low: int, what: str) -> Callable[[int], int]:
 def within(low: int, high: int, what: str) -> Callable[[int], int]:
     def check(value: int) -> int:
         if not low <= value <= high:
-            raise ValueError(f"{value!r} is not {what} in {low}..{high}")
+            raise ValueError(f"{show(value)} is not {what} in {low}..{high}")
         return value
 
     return check
@@ -88,6 +99,8 @@ def one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
 
 
 def url(value: str) -> str:
+    if len(value) > URL_LENGTH:
+        raise ValueError(f"{show(value)} is {len(value)} characters long; a URL may have at most {URL_LENGTH}")
     try:
         parts = urlsplit(value)
         parts.port  # noqa: B018  (raises on a non-numeric port)
@@ -119,7 +132,20 @@ def controller(path: str, value: dict[str, Any]) -> list[str]:
     if not isinstance(kind, str) or kind not in controllers.KINDS:
         return [f"{path}.kind: {show(kind)} is not a controller kind (known: {', '.join(controllers.KINDS)})"]
     params = {k: v for k, v in value.items() if k != "kind"}
-    return [f"{path}.{param}: {message}" for param, message in controllers.problems(params, kind)]
+    known_params = controllers.KINDS[kind]
+    unknown = [
+        f"{path}.{_key(param)}: {show(v)} is not a parameter of controller {kind!r} "
+        f"(known: {', '.join(sorted(known_params)) or 'none'})"
+        for param, v in params.items()
+        if param not in known_params
+    ]
+    checked = {k: v for k, v in params.items() if k in known_params}
+    return unknown + [f"{path}.{param}: {message}" for param, message in controllers.problems(checked, kind)]
+
+
+def _key(key: Any) -> str:
+    """A key as it appears in a path: itself when short and plain, else shown."""
+    return key if isinstance(key, str) and _NAME.fullmatch(key) and len(key) <= 40 else show(key)
 
 
 def duplicates(section: str, named: list[tuple[int, str]]) -> list[str]:
@@ -128,7 +154,7 @@ def duplicates(section: str, named: list[tuple[int, str]]) -> list[str]:
     for index, item_name in named:
         if item_name in first:
             first_path = f"{section}[{first[item_name]}]"
-            problems.append(f"{section}[{index}].name: {item_name!r} is already the name of {first_path}")
+            problems.append(f"{section}[{index}].name: {show(item_name)} is already the name of {first_path}")
         else:
             first[item_name] = index
     return problems
@@ -152,7 +178,7 @@ def pydantic_problems(prefix: str, exc: ValidationError, model: type[BaseModel])
     problems = []
     for error in exc.errors():
         loc = error["loc"]
-        path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc)
+        path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{_key(part)}" for part in loc)
         kind = error["type"]
         value = error.get("input")
         if kind == "missing":

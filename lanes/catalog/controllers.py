@@ -9,8 +9,11 @@ one more entry in ``KINDS``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
+
+from lanes.catalog.shown import show
 
 
 @dataclass(frozen=True)
@@ -26,11 +29,15 @@ class Param:
         """Why ``value`` is unacceptable, or None."""
         accepted = (int,) if self.kind is int else (int, float)
         if isinstance(value, bool) or not isinstance(value, accepted):
-            return f"{value!r} is not {'an integer' if self.kind is int else 'a number'}"
+            return f"{show(value)} is not {'an integer' if self.kind is int else 'a number'}"
+        # nan compares false with everything, so it would pass the bounds below;
+        # inf is refused by them, but say the same thing for both.
+        if isinstance(value, float) and not math.isfinite(value):
+            return f"{show(value)} is not a finite number"
         below = value <= self.low if self.low_open else value < self.low
         if below or value > self.high:
             opener = "(" if self.low_open else "["
-            return f"{value!r} is outside {opener}{self.low:g}, {self.high:g}]"
+            return f"{show(value)} is outside {opener}{self.low:g}, {self.high:g}]"
         return None
 
 

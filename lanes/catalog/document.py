@@ -21,6 +21,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
 from lanes.catalog import checks, controllers
+from lanes.catalog.shown import show
 from lanes.errors import CatalogInvalid
 
 SECTIONS = ("pools", "models", "workflows", "services")
@@ -49,7 +50,7 @@ class ModelIn(_Item):
     base_url: Annotated[StrictStr, AfterValidator(checks.url)]
     kind: Annotated[StrictStr, AfterValidator(checks.one_of(("chat", "embedding"), "a kind"))] = "chat"
     pool: StrictStr | None = None
-    service: Name | None = None
+    service: StrictStr | None = None
     timeout_ms: Annotated[StrictInt, AfterValidator(checks.within(1, 3_600_000, "a timeout_ms"))] = 60_000
     api_key_env: Annotated[StrictStr, AfterValidator(checks.env_name)] | None = None
 
@@ -171,8 +172,6 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
     for section in SECTIONS:
         problems.extend(checks.duplicates(section, [(i, item.name) for i, item in items[section]]))
 
-    pool_names = {item.name: i for i, item in items["pools"]}
-    seen_previous: dict[str, int] = {}
     for i, pool in items["pools"]:
         path = f"pools[{i}]"
         ceiling = pool.ceiling if pool.ceiling is not None else max(pool.width, pool.floor)
@@ -181,22 +180,26 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
         elif not pool.floor <= pool.width <= ceiling:
             problems.append(f"{path}.width: {pool.width} is outside floor..ceiling {pool.floor}..{ceiling}")
         problems.extend(checks.controller(f"{path}.controller", pool.controller))
-        for j, old in enumerate(pool.previous_names):
-            where = f"{path}.previous_names[{j}]"
-            if old in pool_names:
-                problems.append(f"{where}: {old!r} is the name of pools[{pool_names[old]}]")
-            elif old in seen_previous:
-                problems.append(f"{where}: {old!r} is already a previous name of pools[{seen_previous[old]}]")
-            seen_previous.setdefault(old, i)
+        # previous_names are history and are not checked against each other:
+        # a name freed by a rename can be given to a new pool (or renamed
+        # again), and the export of such a catalog must re-apply. Which pool a
+        # previous name matches is decided when applying (apply.match_pools).
 
     model_kinds = {item.name: item.kind for _, item in items["models"]}
     for i, model in items["models"]:
         path = f"models[{i}]"
         if model.pool is not None and model.pool not in declared["pools"]:
-            problems.append(f"{path}.pool: {model.pool!r} is not a pool in this file{checks.known(declared['pools'])}")
+            problems.append(
+                f"{path}.pool: {show(model.pool)} is not a pool in this file{checks.known(declared['pools'])}"
+            )
+        if model.service is not None and model.service not in declared["services"]:
+            problems.append(
+                f"{path}.service: {show(model.service)} is not a service in this file"
+                f"{checks.known(declared['services'])}"
+            )
         if model.service is not None and model.pool is None:
             problems.append(
-                f"{path}.pool: missing; model {model.name!r} is served by farm service {model.service!r}, "
+                f"{path}.pool: missing; model {model.name!r} is served by farm service {show(model.service)}, "
                 "so it needs a pool (only hosted APIs, with no service, may have none)"
             )
 
@@ -213,11 +216,11 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
         for j, name in enumerate(workflow.candidates):
             where = f"{path}.candidates[{j}]"
             if name in first_at:
-                problems.append(f"{where}: {name!r} is already candidates[{first_at[name]}]")
+                problems.append(f"{where}: {show(name)} is already candidates[{first_at[name]}]")
                 continue
             first_at[name] = j
             if name not in declared["models"]:
-                problems.append(f"{where}: {name!r} is not a model in this file{checks.known(declared['models'])}")
+                problems.append(f"{where}: {show(name)} is not a model in this file{checks.known(declared['models'])}")
             elif j > 0 and name in model_kinds and workflow.candidates[0] in model_kinds:
                 primary = workflow.candidates[0]
                 if model_kinds[name] != model_kinds[primary]:

@@ -1,9 +1,21 @@
-"""Engines for the catalog database, and the translation of driver errors.
+"""Engines for the catalog database, its transactions, and the translation of driver errors.
 
 SQLite (the embedded default) gets foreign keys switched on and a busy timeout,
 so that two local processes writing at once wait instead of failing. PostgreSQL
 connects with a bounded timeout and pings pooled connections, so a restarted
 server costs one retry rather than an error.
+
+Transactions are explicit on SQLite too. pysqlite on its own sends no ``BEGIN``
+before a ``SELECT`` (each read is its own snapshot) and a deferred ``BEGIN``
+before the first write, so a writer could plan from rows another process
+changes before its writes land. Here (SQLAlchemy's pysqlite recipe) the driver's
+own transaction handling is switched off and every transaction starts with
+``BEGIN``: a reader's statements then share one snapshot (SQLite keeps its
+shared lock until the end). Writers go through :func:`writing`, which starts with
+``BEGIN IMMEDIATE``: the write lock is taken before the first read, so two
+writers run one after the other, each planning from the other's result. On
+PostgreSQL :func:`reading` asks for REPEATABLE READ and writers lock the
+version row (``SELECT ... FOR UPDATE``).
 """
 
 from __future__ import annotations
@@ -13,12 +25,14 @@ from pathlib import Path
 from typing import Iterator
 
 import sqlalchemy as sa
-from sqlalchemy.engine import Engine, make_url
+from sqlalchemy.engine import Connection, Engine, make_url
 
 from lanes.errors import DatabaseUnavailable, InvalidInput, LanesError
 from lanes.settings import mask_url
 
 CONNECT_TIMEOUT_SECONDS = 5
+# Execution option naming the SQLite BEGIN mode ("IMMEDIATE" for writers).
+SQLITE_BEGIN_OPTION = "lanes_sqlite_begin"
 SQLITE_BUSY_SECONDS = 30
 
 
@@ -36,6 +50,7 @@ def make_engine(url: str) -> Engine:
             Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
         engine = sa.create_engine(parsed, connect_args={"timeout": SQLITE_BUSY_SECONDS})
         sa.event.listen(engine, "connect", _sqlite_pragmas)
+        sa.event.listen(engine, "begin", _sqlite_begin)
         return engine
     connect_args = {"connect_timeout": CONNECT_TIMEOUT_SECONDS} if parsed.get_backend_name() == "postgresql" else {}
     return sa.create_engine(parsed, pool_pre_ping=True, connect_args=connect_args)
@@ -46,6 +61,39 @@ def _sqlite_pragmas(dbapi_connection, _record) -> None:
     # SQLite ignores REFERENCES clauses unless asked, per connection.
     cursor.execute("PRAGMA foreign_keys=ON")
     cursor.close()
+    # The driver's implicit BEGINs are off; _sqlite_begin sends our own.
+    dbapi_connection.isolation_level = None
+
+
+def _sqlite_begin(conn: Connection) -> None:
+    if conn.connection.dbapi_connection.in_transaction:
+        return  # a caller (alembic's env) already began with its own statement
+    mode = conn.get_execution_options().get(SQLITE_BEGIN_OPTION, "")
+    conn.exec_driver_sql(f"BEGIN {mode}".strip())
+
+
+@contextlib.contextmanager
+def writing(engine: Engine) -> Iterator[Connection]:
+    """A write transaction: one writer of the catalog at a time, from its first read.
+
+    SQLite: ``BEGIN IMMEDIATE`` (the write lock, waiting up to the busy
+    timeout for another writer). Callers on PostgreSQL lock the version row
+    (:func:`lanes.catalog.version.lock_version`) before reading what they plan from.
+    """
+    with engine.connect() as conn:
+        conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+        with conn.begin():
+            yield conn
+
+
+@contextlib.contextmanager
+def reading(engine: Engine) -> Iterator[Connection]:
+    """A read transaction whose statements all see one committed state of the catalog."""
+    with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":
+            conn.execution_options(isolation_level="REPEATABLE READ")
+        with conn.begin():
+            yield conn
 
 
 def is_sqlite(engine_or_connection) -> bool:

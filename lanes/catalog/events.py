@@ -14,7 +14,7 @@ from datetime import datetime
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from lanes.catalog.engine import database_errors
+from lanes.catalog.engine import database_errors, writing
 from lanes.catalog.tables import NAME_LENGTH, Event, utcnow
 from lanes.errors import InvalidInput
 
@@ -53,7 +53,7 @@ def record_event(
         "workflow": workflow[:NAME_LENGTH] if workflow else workflow,
         "detail": dict(detail or {}),
     }
-    with database_errors(engine), engine.begin() as conn:
+    with database_errors(engine), writing(engine) as conn:
         event_id = conn.execute(events_t.insert().values(**row).returning(events_t.c.id)).scalar_one()
         conn.execute(events_t.delete().where(events_t.c.id <= event_id - keep))
     return int(event_id)

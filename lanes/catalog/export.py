@@ -10,14 +10,13 @@ from __future__ import annotations
 from sqlalchemy.engine import Engine
 
 from lanes.catalog.document import CatalogDocument
-from lanes.catalog.engine import database_errors
-from lanes.catalog.state import CatalogState, read_state, snapshot_connection
+from lanes.catalog.engine import database_errors, reading
+from lanes.catalog.state import CatalogState, read_state
 
 
 def read_catalog(engine: Engine) -> CatalogState:
-    with database_errors(engine), engine.connect() as conn:
-        with snapshot_connection(conn).begin():
-            return read_state(conn)
+    with database_errors(engine), reading(engine) as conn:
+        return read_state(conn)
 
 
 def to_document(catalog: CatalogDocument) -> dict:

@@ -9,6 +9,7 @@ from typing import Any
 import tomli_w
 import yaml
 
+from lanes.catalog import yaml_strict
 from lanes.errors import InvalidInput
 
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
@@ -29,6 +30,9 @@ def read_document(path: str | Path, *, format: str | None = None) -> Any:
 
 
 def parse(text: str, format: str, *, source: str = "<text>") -> Any:
+    if len(text) > yaml_strict.MAX_DOCUMENT_BYTES:
+        limit = yaml_strict.MAX_DOCUMENT_BYTES // (1024 * 1024)
+        raise InvalidInput(f"{source}: the file is over {limit} MiB; a catalog file is a few hundred KiB at most")
     if format == "toml":
         try:
             return tomllib.loads(text)
@@ -36,7 +40,7 @@ def parse(text: str, format: str, *, source: str = "<text>") -> Any:
             raise InvalidInput(f"{source}: not valid TOML: {exc}") from None
     if format == "yaml":
         try:
-            document = yaml.safe_load(text)
+            document = yaml_strict.load(text)
         except yaml.YAMLError as exc:
             where = getattr(exc, "problem_mark", None)
             at = f" (line {where.line + 1}, column {where.column + 1})" if where is not None else ""

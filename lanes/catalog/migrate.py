@@ -12,7 +12,9 @@ import contextlib
 import functools
 import importlib.resources
 import logging
+import re
 import threading
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Iterator
 
@@ -22,12 +24,15 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from alembic.util import CommandError
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Engine, make_url
 
-from lanes.catalog.engine import database_errors
+from lanes.catalog.engine import database_errors, make_engine, writing
 from lanes.errors import InvalidInput
+from lanes.settings import mask_url
 
 SCHEMA_HEAD = "schema@head"
+# Data revisions report edits their downgrade overwrites here (migrations/helpers.py).
+LATER_EDITS_LOGGER = "lanes.migrations"
 _MIGRATING = threading.Lock()
 
 
@@ -116,12 +121,61 @@ def default_targets(engine: Engine) -> list[str]:
     return targets
 
 
+def upgrade_targets(revision: str) -> list[str]:
+    """What ``lanes db upgrade REVISION`` runs: the schema's head first, unless
+    REVISION is a schema revision itself (or relative, or every head). A fleet
+    revision depends only on the first schema revision, and every command needs
+    the schema at head anyway."""
+    if revision == "heads" or revision.startswith(("schema@", "+", "-")):
+        return [revision]
+    try:
+        found = script_directory().get_revision(revision)
+    except Exception:  # noqa: BLE001  (alembic raises several kinds; upgrade() then says what is wrong)
+        return [revision]
+    if found is None or "schema" in found.branch_labels:
+        return [revision]
+    return [SCHEMA_HEAD, revision]
+
+
 def upgrade(url: str, revision: str, *, progress: Callable[[str], None] | None = None) -> None:
     _run(url, lambda config: command.upgrade(config, revision), progress)
 
 
-def downgrade(url: str, revision: str, *, progress: Callable[[str], None] | None = None) -> None:
-    _run(url, lambda config: command.downgrade(config, revision), progress)
+def downgrade(
+    url: str, revision: str, *, progress: Callable[[str], None] | None = None, dry_run: bool = False
+) -> None:
+    """Downgrade to ``revision``. Data revisions report edits they will overwrite
+    (through ``progress``); with ``dry_run`` everything runs inside one
+    transaction that is rolled back, so the reports and the steps are shown and
+    nothing changes."""
+    engine = make_engine(url)
+    try:
+        _refuse_ambiguous_step(engine, revision)
+        if not dry_run:
+            _run(url, lambda config: command.downgrade(config, revision), progress)
+            return
+        with _MIGRATING, _echo_progress(progress), database_errors(url), writing(engine) as conn:
+            try:
+                with alembic_config(connection=conn) as config:
+                    command.downgrade(config, revision)
+            except CommandError as exc:
+                raise InvalidInput(f"migration refused: {exc}") from None
+            finally:
+                conn.rollback()
+    finally:
+        engine.dispose()
+
+
+def _refuse_ambiguous_step(engine: Engine, revision: str) -> None:
+    """``-1`` with two branches applied: alembic would pick one by itself."""
+    if not re.fullmatch(r"-\d+", revision):
+        return
+    entered = [state.branch for state in branch_states(engine) if state.revision is not None]
+    if len(entered) > 1:
+        raise InvalidInput(
+            f"downgrade {revision} is ambiguous: the database follows {len(entered)} branches "
+            f"({', '.join(entered)}); name one, e.g. {entered[-1]}@{revision}"
+        )
 
 
 def _run(url: str, action, progress) -> None:
@@ -150,7 +204,7 @@ def _upgrade_schema(engine: Engine, script: ScriptDirectory, head: str) -> None:
     # A second process doing the same waits on the lock env.py takes and then
     # finds the schema at head.
     with database_errors(engine):
-        with engine.begin() as conn, alembic_config(connection=conn) as config:
+        with writing(engine) as conn, alembic_config(connection=conn) as config:
             command.upgrade(config, SCHEMA_HEAD)
 
 
@@ -169,15 +223,53 @@ def _echo_progress(progress: Callable[[str], None] | None) -> Iterator[None]:
                 # "Running upgrade a -> b, <first line of the revision's doc>"
                 progress(message.splitlines()[0])
 
+    class Report(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            progress(record.getMessage())
+
     handler = Echo(level=logging.INFO)
+    edits = logging.getLogger(LATER_EDITS_LOGGER)
+    report = Report(level=logging.WARNING)
     old_level = logger.level
     logger.addHandler(handler)
     logger.setLevel(logging.INFO)
+    edits.addHandler(report)
     try:
         yield
     finally:
         logger.removeHandler(handler)
         logger.setLevel(old_level)
+        edits.removeHandler(report)
+
+
+def _no_schema(url: object) -> InvalidInput:
+    shown = url.url.render_as_string(hide_password=True) if isinstance(url, Engine) else mask_url(str(url))
+    return InvalidInput(
+        f"catalog database {shown} has no catalog tables (is the path or database name right?); "
+        "create them with `lanes db upgrade` (or `lanes catalog apply FILE`)"
+    )
+
+
+def refuse_missing_file(url: str) -> None:
+    """A SQLite path that does not exist: refuse before anything creates the file."""
+    try:
+        parsed = make_url(url)
+    except sa.exc.ArgumentError:
+        return  # make_engine says what is wrong with it
+    database = parsed.database if parsed.get_backend_name() == "sqlite" else None
+    if database and database != ":memory:" and not database.startswith("file:"):
+        if not Path(database).expanduser().exists():
+            raise _no_schema(url)
+
+
+def refuse_missing_schema(engine: Engine) -> None:
+    """A database where the catalog tables were never created."""
+    script = script_directory()
+    first = script.get_revision(SCHEMA_HEAD)
+    while first.down_revision is not None:
+        first = script.get_revision(first.down_revision)
+    if first.revision not in applied_revisions(script, current_heads(engine)):
+        raise _no_schema(engine)
 
 
 def table_names(engine: Engine) -> list[str]:

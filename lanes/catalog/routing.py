@@ -13,7 +13,7 @@ from typing import Literal
 from sqlalchemy.engine import Engine
 
 from lanes.catalog.export import read_catalog
-from lanes.catalog.version import catalog_version
+from lanes.catalog.version import CatalogStamp, catalog_stamp
 from lanes.priority import Priority
 
 
@@ -58,6 +58,12 @@ class RoutingTable:
     pools: dict[str, PoolInfo] = field(hash=False)
     models: dict[str, ModelInfo] = field(hash=False)
     services: dict[str, int] = field(hash=False, default_factory=dict)  # name -> concurrency limit
+    # Random, drawn anew with every version: (identity, version) names the contents.
+    identity: str = ""
+
+    @property
+    def stamp(self) -> CatalogStamp:
+        return CatalogStamp(self.identity, self.version)
 
 
 def load_routing(engine: Engine) -> RoutingTable:
@@ -103,11 +109,12 @@ def load_routing(engine: Engine) -> RoutingTable:
             fleet=primary_pool.name if primary_pool else None,
         )
     services = {name: row.spec.limit for name, row in state.services.items()}
-    return RoutingTable(state.version, workflows, pools, models, services)
+    return RoutingTable(state.version, workflows, pools, models, services, identity=state.identity)
 
 
 def refresh(engine: Engine, table: RoutingTable | None) -> RoutingTable:
-    """``table`` itself while the catalog version is unchanged, else a fresh load."""
-    if table is not None and catalog_version(engine) == table.version:
+    """``table`` itself while the catalog's stamp (identity and version) is
+    unchanged, else a fresh load. The version alone can repeat with other contents."""
+    if table is not None and catalog_stamp(engine) == table.stamp:
         return table
     return load_routing(engine)

@@ -36,6 +36,7 @@ class Row(Generic[T]):
 @dataclass(frozen=True)
 class CatalogState:
     version: int
+    identity: str
     # name -> row, in id order (dicts keep insertion order)
     pools: dict[str, Row[PoolSpec]] = field(default_factory=dict)
     models: dict[str, Row[ModelSpec]] = field(default_factory=dict)
@@ -51,22 +52,19 @@ class CatalogState:
         )
 
 
-def snapshot_connection(conn: Connection) -> Connection:
-    """Make the reads of one transaction agree with each other on PostgreSQL.
-
-    (SQLite's transactions are serializable already.)
-    """
-    if conn.dialect.name == "postgresql":
-        return conn.execution_options(isolation_level="REPEATABLE READ")
-    return conn
-
-
 def read_version(conn: Connection) -> int:
     return int(conn.execute(sa.select(version_t.c.version).where(version_t.c.id == 1)).scalar_one())
 
 
+def read_stamp(conn: Connection) -> tuple[str, int]:
+    """(identity, version) of the catalog, read together."""
+    query = sa.select(version_t.c.identity, version_t.c.version).where(version_t.c.id == 1)
+    identity, version = conn.execute(query).one()
+    return str(identity), int(version)
+
+
 def read_state(conn: Connection) -> CatalogState:
-    version = read_version(conn)
+    identity, version = read_stamp(conn)
     pool_rows = conn.execute(sa.select(pools_t).order_by(pools_t.c.id)).mappings().all()
     pool_names = {row["id"]: row["name"] for row in pool_rows}
     pools = {
@@ -124,4 +122,4 @@ def read_state(conn: Connection) -> CatalogState:
         row["name"]: Row(row["id"], ServiceSpec(row["name"], row["max_concurrency"]))
         for row in conn.execute(sa.select(services_t).order_by(services_t.c.id)).mappings()
     }
-    return CatalogState(version, pools, models, workflows, services)
+    return CatalogState(version, identity, pools, models, workflows, services)

@@ -155,12 +155,16 @@ class Event(SQLModel, table=True):
 
 
 class CatalogVersion(SQLModel, table=True):
-    """One row; ``version`` grows by one with every committed catalog change."""
+    """One row; ``version`` grows by one with every committed catalog change,
+    and ``identity`` is drawn anew with it."""
 
     __tablename__ = "catalog_version"
 
     id: int = Field(default=1, primary_key=True, sa_column_kwargs={"autoincrement": False})
     version: int = Field(default=0, sa_type=sa.BigInteger)
+    # Random, replaced with every change: a version number can repeat (a
+    # catalog created again, an older backup restored), the pair cannot.
+    identity: str = Field(default="", max_length=32, sa_column_kwargs={"server_default": ""})
     changed_at: datetime = Field(default_factory=utcnow, sa_type=sa.DateTime(timezone=True))
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
+from lanes.errors import InvalidInput
 
 FORMAT = click.Choice(["toml", "yaml"])
 
@@ -21,30 +22,56 @@ def command() -> None:
 @click.argument("file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--dry-run", is_flag=True, help="Show the changes without writing them.")
 @click.option("--prune", is_flag=True, help="Also delete what the file no longer names.")
+@click.option(
+    "--force", is_flag=True, help="With --prune: remove pools even with work on them, or every pool."
+)
 @click.option("--format", "format_", type=FORMAT, help="File format (default: from the suffix).")
 @json_option
 @pass_settings
-def apply(settings, file: Path, dry_run: bool, prune: bool, format_: str | None, as_json: bool) -> None:
+def apply(
+    settings, file: Path, dry_run: bool, prune: bool, force: bool, format_: str | None, as_json: bool
+) -> None:
     """Make the catalog say what FILE (TOML or YAML) says.
 
     Everything is validated first; if anything is wrong, each problem is printed
     with its key path and nothing is written (exit code 2).
+
+    --prune refuses (exit 2, nothing written) to remove a pool whose lane has
+    holders or waiters or whose Celery queues hold work, or to leave the
+    catalog without pools, models and workflows, unless --force; --dry-run
+    shows what would be removed and what is in use.
     """
     from lanes.catalog import apply_document, open_catalog, read_document, validate
+    from lanes.cli.prune_check import pools_in_use, refusal
 
     document = read_document(file, format=format_)
     # Before touching the database at all, not even to create it.
     validate(document)
     engine = open_catalog(settings)
     try:
-        changes = apply_document(engine, document, dry_run=dry_run, prune=prune)
+        in_use: dict[str, str] = {}
+        checked = None
+        if prune:
+            plan = apply_document(engine, document, dry_run=True, prune=True)
+            checked = plan.deleted_pools
+            if checked and not force:
+                in_use = pools_in_use(settings, engine, checked)
+            problem = refusal(plan, in_use)
+            if problem and not force and not dry_run:
+                raise InvalidInput(problem)
+        changes = apply_document(
+            engine, document, dry_run=dry_run, prune=prune, checked_pool_deletions=checked
+        )
     finally:
         engine.dispose()
     if as_json:
-        emit_json(changes.to_dict())
+        emit_json({**changes.to_dict(), "in_use": in_use, "leaves_empty": changes.leaves_empty})
         return
-    for line in changes.lines():
-        click.echo(line)
+    for change in changes.changes:
+        note = in_use.get(change.name) if change.kind == "pool" and change.action == "delete" else None
+        click.echo(change.describe() + (f"  (in use: {note})" if note else ""))
+    if dry_run and prune and (in_use or changes.leaves_empty) and not force:
+        click.echo(f"dry run: {refusal(changes, in_use)}")
     if changes.empty:
         click.echo(f"no changes; catalog version {changes.version}")
     elif dry_run:
@@ -74,7 +101,7 @@ def show(settings, as_json: bool) -> None:
     """Print the catalog: pools, models, workflows and services."""
     from lanes.catalog import load_routing, open_catalog
 
-    engine = open_catalog(settings)
+    engine = open_catalog(settings, create=False)
     try:
         table = load_routing(engine)
     finally:
@@ -122,7 +149,7 @@ def export(settings, format_: str, output: Path | None) -> None:
     """Print the catalog as a file that `lanes catalog apply` accepts (re-applying it changes nothing)."""
     from lanes.catalog import dump, export_document, open_catalog
 
-    engine = open_catalog(settings)
+    engine = open_catalog(settings, create=False)
     try:
         text = dump(export_document(engine), format_)
     finally:

@@ -17,7 +17,11 @@ def command() -> None:
     """Create and migrate the catalog database (SQLite under the state dir unless LANES_DATABASE_URL is set)."""
 
 
-@command.command()
+# "-1" and "+1" are revisions, not options.
+RELATIVE = {"ignore_unknown_options": True}
+
+
+@command.command(context_settings=RELATIVE)
 @click.argument("revision", required=False)
 @pass_settings
 def upgrade(settings, revision: str | None) -> None:
@@ -36,20 +40,30 @@ def upgrade(settings, revision: str | None) -> None:
         finally:
             engine.dispose()
     else:
-        targets = [revision]
+        targets = migrate.upgrade_targets(revision)
     for target in targets:
         migrate.upgrade(url, target, progress=click.echo)
     _print_state(url)
 
 
-@command.command()
+@command.command(context_settings=RELATIVE)
 @click.argument("revision")
+@click.option("--dry-run", is_flag=True, help="Show the steps and the edits they would overwrite; change nothing.")
 @pass_settings
-def downgrade(settings, revision: str) -> None:
-    """Downgrade to REVISION (e.g. fleet@base to drop the reference fleet, base for nothing at all)."""
+def downgrade(settings, revision: str, dry_run: bool) -> None:
+    """Downgrade to REVISION (e.g. fleet@base to drop the reference fleet, base
+    for nothing at all, -1 for one step).
+
+    A data revision restores or deletes the rows it wrote; rows edited after
+    its upgrade are listed before they are overwritten.
+    """
     from lanes.catalog import migrate
 
     url = settings.catalog_url()
+    if dry_run:
+        migrate.downgrade(url, revision, progress=lambda line: click.echo(f"dry run: {line}"), dry_run=True)
+        click.echo("dry run: nothing was changed")
+        return
     migrate.downgrade(url, revision, progress=click.echo)
     _print_state(url)
 

@@ -35,7 +35,7 @@ def command(ctx, as_json) -> None:
 @pass_settings
 def show(settings, as_json) -> None:
     """Show every pool's lane as all workers see it."""
-    table = load_routing(open_catalog(settings))
+    table = load_routing(open_catalog(settings, create=False))
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         warning = eviction_warning(client)
@@ -89,7 +89,7 @@ def set_width(settings, name, width) -> None:
 
     if width < 1:
         raise InvalidInput(f"width {width} is not a width >= 1")
-    engine = open_catalog(settings)
+    engine = open_catalog(settings, create=False)
     pool = set_pool_width(engine, name, width)
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
@@ -109,7 +109,7 @@ def provision(settings) -> None:
     """
     from lanes.routing.runtime import provision_lanes
 
-    table = load_routing(open_catalog(settings))
+    table = load_routing(open_catalog(settings, create=False))
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         created = provision_lanes(client, settings, table)

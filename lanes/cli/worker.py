@@ -14,7 +14,7 @@ from lanes.errors import InvalidInput
 
 
 def _fleets(settings) -> list[str]:
-    table = load_routing(open_catalog(settings))
+    table = load_routing(open_catalog(settings, create=False))
     return sorted({route.fleet or HOSTED_FLEET for route in table.workflows.values() if route.candidates})
 
 

@@ -9,14 +9,29 @@ Revises: (none; starts the opt-in ``fleet`` branch)
 Depends on: catalog_0001
 
 Opt in with ``lanes db upgrade fleet@head``; undo with ``lanes db downgrade fleet@base``.
-The downgrade deletes exactly the rows this revision inserted (found by name).
+The downgrade deletes exactly the rows this revision inserted, by the ids it
+recorded in revision_backups (an applied file may have renamed them since), and
+first reports each of those rows edited after the upgrade. Databases upgraded
+before the ids were recorded fall back to the original names.
 """
 
 from typing import Sequence, Union
 
 from alembic import op
 
-from migrations.helpers import bump_version, candidates, ids_by_name, models, pools, services, workflows
+from migrations.helpers import (
+    bump_version,
+    candidates,
+    ids_by_name,
+    models,
+    pools,
+    report_later_edits,
+    rows,
+    save_backup,
+    services,
+    take_backup_if_any,
+    workflows,
+)
 
 revision: str = "fleet_0001"
 down_revision: Union[str, Sequence[str], None] = None
@@ -124,15 +139,38 @@ def upgrade() -> None:
             for position, model in enumerate(names)
         ],
     )
+    inserted = {
+        "pools": rows(conn, pools, pools.c.id.in_([pool_ids[name] for name, _, _ in POOLS])),
+        "models": rows(conn, models, models.c.id.in_([model_ids[m[0]] for m in MODELS])),
+        "services": rows(conn, services, services.c.name.in_([name for name, _ in SERVICES])),
+        "workflows": rows(conn, workflows, workflows.c.id.in_([workflow_ids[w[0]] for w in WORKFLOWS])),
+    }
+    save_backup(conn, revision, {"after": inserted})
     bump_version(conn)
 
 
 def downgrade() -> None:
     conn = op.get_bind()
+    saved = take_backup_if_any(conn, revision)
+    if saved is None:
+        _downgrade_by_name(conn)
+    else:
+        inserted = saved["after"]
+        report_later_edits(conn, revision, inserted, undo="deleted")
+        ids = {table: [row["id"] for row in found] for table, found in inserted.items()}
+        conn.execute(candidates.delete().where(candidates.c.workflow_id.in_(ids["workflows"])))
+        conn.execute(workflows.delete().where(workflows.c.id.in_(ids["workflows"])))
+        conn.execute(models.delete().where(models.c.id.in_(ids["models"])))
+        conn.execute(services.delete().where(services.c.id.in_(ids["services"])))
+        conn.execute(pools.delete().where(pools.c.id.in_(ids["pools"])))
+    bump_version(conn)
+
+
+def _downgrade_by_name(conn) -> None:
+    """For a database upgraded before this revision recorded its ids."""
     workflow_ids = [id_ for name, id_ in ids_by_name(conn, workflows).items() if name in {w[0] for w in WORKFLOWS}]
     conn.execute(candidates.delete().where(candidates.c.workflow_id.in_(workflow_ids)))
     conn.execute(workflows.delete().where(workflows.c.id.in_(workflow_ids)))
     conn.execute(models.delete().where(models.c.name.in_([m[0] for m in MODELS])))
     conn.execute(services.delete().where(services.c.name.in_([s[0] for s in SERVICES])))
     conn.execute(pools.delete().where(pools.c.name.in_([p[0] for p in POOLS])))
-    bump_version(conn)

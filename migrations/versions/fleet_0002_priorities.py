@@ -12,14 +12,15 @@ Revision ID: fleet_0002
 Revises: fleet_0001
 
 The downgrade restores each workflow's previous priority and reserve from
-revision_backups, whatever they were.
+revision_backups, whatever they were, and first reports the workflows whose
+priority or reserve was edited after the upgrade (those edits are lost).
 """
 
 from typing import Sequence, Union
 
 from alembic import op
 
-from migrations.helpers import bump_version, rows, save_backup, take_backup, workflows
+from migrations.helpers import bump_version, report_later_edits, rows, save_backup, take_backup, workflows
 
 revision: str = "fleet_0002"
 down_revision: Union[str, Sequence[str], None] = "fleet_0001"
@@ -45,18 +46,23 @@ LANES = {
 def upgrade() -> None:
     conn = op.get_bind()
     before = rows(conn, workflows, workflows.c.name.in_(list(LANES)))
-    save_backup(conn, revision, {"workflows": before})
     for row in before:
         priority, reserve = LANES[row["name"]]
         conn.execute(
             workflows.update().where(workflows.c.id == row["id"]).values(priority=priority, reserve_ms=reserve)
         )
+    after = rows(conn, workflows, workflows.c.id.in_([row["id"] for row in before]))
+    save_backup(conn, revision, {"workflows": before, "after": {"workflows": after}})
     bump_version(conn)
 
 
 def downgrade() -> None:
     conn = op.get_bind()
-    for row in take_backup(conn, revision)["workflows"]:
+    saved = take_backup(conn, revision)
+    if "after" in saved:
+        columns = {"workflows": ["priority", "reserve_ms"]}
+        report_later_edits(conn, revision, saved["after"], undo="restored", columns=columns)
+    for row in saved["workflows"]:
         conn.execute(
             workflows.update()
             .where(workflows.c.id == row["id"])

@@ -14,7 +14,7 @@ models in one sequential lane.
 Pool ids do not change, so lanes (keyed by id) and fleets carry over. Each
 renamed pool records its old name in previous_names. Every replaced pool row
 and every moved model's pool are saved in revision_backups; the downgrade puts
-them back exactly, ids included.
+them back exactly, ids included, after reporting the rows edited since.
 
 Revision ID: fleet_0003
 Revises: fleet_0002
@@ -24,7 +24,7 @@ from typing import Sequence, Union
 
 from alembic import op
 
-from migrations.helpers import bump_version, models, pools, rows, save_backup, take_backup
+from migrations.helpers import bump_version, models, pools, report_later_edits, rows, save_backup, take_backup
 
 revision: str = "fleet_0003"
 down_revision: Union[str, Sequence[str], None] = "fleet_0002"
@@ -48,14 +48,6 @@ def upgrade() -> None:
     before = {row["name"]: row for row in rows(conn, pools, pools.c.name.in_([*RENAMES, *MERGES]))}
     absorbed_ids = [before[name]["id"] for name in MERGES if name in before]
     moved = rows(conn, models, models.c.pool_id.in_(absorbed_ids)) if absorbed_ids else []
-    save_backup(
-        conn,
-        revision,
-        {
-            "pools": sorted(before.values(), key=lambda row: row["id"]),
-            "models": [{"id": row["id"], "pool_id": row["pool_id"]} for row in moved],
-        },
-    )
     for absorbed, target in MERGES.items():
         if absorbed in before and target in before:
             conn.execute(
@@ -76,12 +68,30 @@ def upgrade() -> None:
                     previous_names=[*row["previous_names"], old],
                 )
             )
+    kept_ids = [before[old]["id"] for old in RENAMES if old in before]
+    save_backup(
+        conn,
+        revision,
+        {
+            "pools": sorted(before.values(), key=lambda row: row["id"]),
+            "models": [{"id": row["id"], "pool_id": row["pool_id"]} for row in moved],
+            "after": {
+                "pools": rows(conn, pools, pools.c.id.in_(kept_ids)),
+                "models": [
+                    {"id": row["id"], "name": row["name"], "pool_id": row["pool_id"]}
+                    for row in rows(conn, models, models.c.id.in_([row["id"] for row in moved]))
+                ],
+            },
+        },
+    )
     bump_version(conn)
 
 
 def downgrade() -> None:
     conn = op.get_bind()
     saved = take_backup(conn, revision)
+    if "after" in saved:
+        report_later_edits(conn, revision, saved["after"], undo="restored", columns={"models": ["pool_id"]})
     present = {row["id"] for row in rows(conn, pools)}
     for row in saved["pools"]:
         if row["id"] in present:

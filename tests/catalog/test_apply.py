@@ -71,19 +71,20 @@ def test_one_changed_width_is_one_update_and_one_version_bump(engine):
 
 
 def test_without_prune_unnamed_rows_stay_and_with_prune_they_go(engine):
-    apply_document(engine, example())
+    with_spare = example()
+    with_spare["services"].append({"name": "spare", "limit": 1})
+    apply_document(engine, with_spare)
     document = example()
     document["workflows"] = [w for w in document["workflows"] if w["name"] != "youtube"]
-    document["services"] = document["services"][:-1]
 
     assert apply_document(engine, document).empty
     assert "youtube" in load_routing(engine).workflows
 
     pruned = apply_document(engine, document, prune=True)
 
-    assert pruned.lines() == ["- workflow youtube", "- service privacy"]
+    assert pruned.lines() == ["- workflow youtube", "- service spare"]
     table = load_routing(engine)
-    assert "youtube" not in table.workflows and "privacy" not in table.services
+    assert "youtube" not in table.workflows and "spare" not in table.services
 
 
 def test_prune_removes_pools_and_models_after_the_workflows_using_them(engine):
@@ -92,11 +93,13 @@ def test_prune_removes_pools_and_models_after_the_workflows_using_them(engine):
         "pools": [example()["pools"][0]],
         "models": [example()["models"][0]],
         "workflows": [{"name": "dialog", "priority": "interactive", "reserve_ms": 0, "candidates": ["dialog-27b"]}],
+        "services": [{"name": "llm-dialog", "limit": 4}],
     }
     apply_document(engine, small, prune=True)
     table = load_routing(engine)
     assert list(table.pools) == ["aifarm-gpu0-dialog"] and list(table.models) == ["dialog-27b"]
-    assert [m.name for m in table.workflows["dialog"].candidates] == ["dialog-27b"] and not table.services
+    assert [m.name for m in table.workflows["dialog"].candidates] == ["dialog-27b"]
+    assert table.services == {"llm-dialog": 4}
 
 
 def test_a_pool_renamed_through_previous_names_keeps_its_id(engine):

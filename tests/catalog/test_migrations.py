@@ -55,6 +55,7 @@ def test_each_data_revision_down_after_up_restores_every_row_and_id(db_url):
 
 
 def test_the_lane_pools_revision_renames_in_place_and_merges_gpu1(db_url):
+    migrate.upgrade(db_url, "schema@head")
     migrate.upgrade(db_url, "fleet_0002")
     engine = make_engine(db_url)
     try:
@@ -100,7 +101,7 @@ def test_open_catalog_creates_the_sqlite_file_under_the_state_dir_and_skips_the_
     try:
         assert settings.sqlite_path.exists()
         assert [(s.branch, s.revision) for s in migrate.branch_states(engine)] == [
-            ("schema", "catalog_0001"),
+            ("schema", "catalog_0002"),
             ("fleet", None),
         ]
         assert catalog_version(engine) == 0

@@ -102,7 +102,7 @@ BAD = {
     ),
     "credentials in a URL": (
         edit("models[0].base_url", "http://user:secret@host/v1"),
-        "models[0].base_url: 'http://user:secret@host/v1' holds credentials",
+        "models[0].base_url: 'http://user:***@host/v1' holds credentials",
     ),
     "bad metrics URL": (edit("pools[0].metrics_url", "ftp://x/metrics"), "pools[0].metrics_url: 'ftp://x/metrics'"),
     "farm model without a pool": (
@@ -144,14 +144,14 @@ BAD = {
     "service limit zero": (edit("services[1].limit", 0), "services[1].limit: 0 is not a limit >= 1"),
     "a key where a key name belongs": (
         edit("models[7].api_key_env", "sk-live-abc123"),
-        "models[7].api_key_env: 'sk-live-abc123' is not an environment variable name",
+        "models[7].api_key_env: 'sk-'... (14 characters, the rest not shown) is not an environment variable name",
     ),
     "name with spaces": (edit("workflows[2].name", "you tube"), "workflows[2].name: 'you tube' is not a valid name"),
     "boolean as a width": (edit("pools[0].width", True), "pools[0].width: True is not an integer"),
     "section that is not a list": (edit("services", {"name": "x"}), "services: {'name': 'x'} is not a list"),
-    "previous name of another pool": (
-        edit("pools[1].previous_names", ["aifarm-gpu0-dialog"]),
-        "pools[1].previous_names[0]: 'aifarm-gpu0-dialog' is the name of pools[0]",
+    "a model's farm service not in the file": (
+        edit("models[0].service", "llm-dialgo"),
+        "models[0].service: 'llm-dialgo' is not a service in this file (known: asr, draw, embed, llm-dialog,",
     ),
 }
 
