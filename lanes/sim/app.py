@@ -208,6 +208,7 @@ class SimApp:
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         prompt = openai.prompt_tokens(body.get("messages"))
+        script = openai.scripted_answer(body.get("messages"))
 
         ticket = engine.arrive()
         try:
@@ -216,9 +217,9 @@ class SimApp:
                     return
                 timing = engine.sample(max_tokens)
                 if stream:
-                    await self.stream_tokens(engine, ticket, send, timing, prompt, include_usage)
+                    await self.stream_tokens(engine, ticket, send, timing, prompt, include_usage, script)
                 else:
-                    await self.complete(engine, ticket, send, timing, prompt)
+                    await self.complete(engine, ticket, send, timing, prompt, script)
         finally:
             engine.finish(ticket, "cancelled")  # a no-op when already finished
 
@@ -250,17 +251,19 @@ class SimApp:
             await asyncio.sleep(hang)  # holds its slot, as a stuck engine would
         return True
 
-    async def complete(self, engine: ModelEngine, ticket: Ticket, send, timing: Timing, prompt: int) -> None:
+    async def complete(self, engine: ModelEngine, ticket: Ticket, send, timing: Timing, prompt: int,
+                       script: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         await sleep_until(loop, start + timing.ttft_s)
         engine.first_token(ticket)
         await sleep_until(loop, start + timing.total_s)
-        body = openai.dumps(openai.completion(engine.model.name, timing.tokens, prompt))
+        body = openai.dumps(openai.completion(engine.model.name, timing.tokens, prompt, script))
         engine.finish(ticket, "served")
         await send_bytes(send, 200, body, JSON_HEADERS)
 
-    async def stream_tokens(self, engine, ticket, send, timing: Timing, prompt: int, include_usage: bool) -> None:
+    async def stream_tokens(self, engine, ticket, send, timing: Timing, prompt: int, include_usage: bool,
+                            script: str | None = None) -> None:
         loop = asyncio.get_running_loop()
         writer = openai.ChunkWriter(engine.model.name)
         start = loop.time()
@@ -273,7 +276,8 @@ class SimApp:
             parts = []
             now = loop.time()
             while i < timing.tokens and start + timing.ttft_s + timing.per_token_s * i <= now + 1e-4:
-                delta = {"role": "assistant", "content": openai.token(i)} if i == 0 else {"content": openai.token(i)}
+                text = openai.token(i) if script is None else openai.piece(script, i, timing.tokens)
+                delta = {"role": "assistant", "content": text} if i == 0 else {"content": text}
                 last = i == timing.tokens - 1
                 parts.append(writer.chunk(delta, "length" if last else None))
                 i += 1

@@ -1,0 +1,51 @@
+"""The two dialect-specific statements the memory tables need, for SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from lanes.catalog.engine import database_errors, is_sqlite
+
+
+def _insert(conn: Connection, table: sa.Table):
+    return (sqlite.insert if is_sqlite(conn) else postgresql.insert)(table)
+
+
+def insert_or_skip(conn: Connection, table: sa.Table, values: dict, unique: list[str], returning: sa.Column):
+    """Insert one row unless its unique key exists; the new row's ``returning`` value, or None."""
+    statement = _insert(conn, table).values(**values).on_conflict_do_nothing(index_elements=unique)
+    return conn.execute(statement.returning(returning)).scalar_one_or_none()
+
+
+def upsert(conn: Connection, table: sa.Table, values: dict, key: list[str], updates: dict) -> None:
+    """Insert a row, or apply ``updates`` (column -> expression over ``excluded``) to the existing one."""
+    statement = _insert(conn, table).values(**values)
+    statement = statement.on_conflict_do_update(
+        index_elements=key, set_={name: make(statement.excluded) for name, make in updates.items()}
+    )
+    conn.execute(statement)
+
+
+@contextlib.contextmanager
+def write_transaction(engine: Engine) -> Iterator[Connection]:
+    """A transaction that holds SQLite's write lock from its first statement.
+
+    A deferred SQLite transaction that reads and then writes can fail at the
+    write when another writer got there first; taking the lock up front makes
+    the second writer wait (busy timeout) instead. PostgreSQL callers lock the
+    rows they need with FOR UPDATE.
+    """
+    with database_errors(engine), engine.connect() as conn:
+        if is_sqlite(conn):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+        try:
+            yield conn
+            conn.commit()
+        except BaseException:
+            conn.rollback()
+            raise
