@@ -9,11 +9,16 @@ wait at background priority behind interactive and user-tool work.
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+
 from celery import Celery
+from sqlalchemy.engine import Engine
 
 from lanes.celery_client import MESSAGE_PRIORITY, QUEUE_PREFIX
 from lanes.errors import RedisUnavailable
+from lanes.memory.runs import EnqueueResult, enqueue_runs, stale_queued
 from lanes.priority import Priority
+from lanes.settings import Settings
 
 MEMORY_TASK = "lanes.memory.run"
 MEMORY_QUEUE = f"{QUEUE_PREFIX}memory"
@@ -35,3 +40,23 @@ def dispatch_runs(celery: Celery, run_ids: list[int]) -> int:
             "sends them again"
         ) from None
     return len(run_ids)
+
+
+# Queued runs whose message may have been lost (a broker restart) are sent
+# again by the full scan once they have sat this long; a duplicate message is
+# harmless (a finished run is skipped, notes are replaced whole).
+STALE_QUEUED = timedelta(hours=1)
+
+
+def enqueue_and_dispatch(engine: Engine, celery: Celery, settings: Settings, *, now: datetime,
+                         full: bool) -> tuple[EnqueueResult, int]:
+    """Create the runs due at ``now`` and send them to the memory workers; (result, messages sent)."""
+    result = enqueue_runs(
+        engine, now=now, full=full, retention_days=settings.memory_retention_days,
+        daily_cap=settings.memory_daily_cap,
+    )
+    ids = [run.id for run in result.created]
+    if full:
+        fresh = set(ids)
+        ids += [run.id for run in stale_queued(engine, now=now, older_than=STALE_QUEUED) if run.id not in fresh]
+    return result, dispatch_runs(celery, ids)

@@ -11,6 +11,7 @@ every model of the simulator from any port):
 
 - ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``
 - ``GET /metrics`` (``?model=NAME`` for one model), ``GET /health``
+- ``GET /farm/services``: each model's capacity as a farm service limit
 - ``GET /admin/stats``, ``POST /admin/models/{name}`` (JSON changes),
   ``POST /admin/reset`` (``{"config": true}`` also restores the start settings)
 """
@@ -177,6 +178,10 @@ class SimApp:
                 await self.metrics(scope, send)
             elif method == "GET" and path == "/health":
                 await send_bytes(send, 200, b"", [])
+            elif method == "GET" and path == "/farm/services":
+                # A farm's per-service limits for `lanes check` (each simulated model is one service).
+                limits = {name: engine.model.capacity for name, engine in self.fleet.engines.items()}
+                await send_json(send, 200, {"services": limits})
             elif path.startswith("/admin/"):
                 await self.admin(method, path, receive, send)
             else:
