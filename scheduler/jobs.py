@@ -38,7 +38,7 @@ class SchedulerJobs:
         result, sent = enqueue_and_dispatch(
             self.engine, self.publisher, self.settings, now=self.clock.now(), full=full
         )
-        summary = {**result.as_dict(), "sent": sent}
+        summary = {**result.as_dict(), "sent": len(sent)}
         summary.pop("runs")
         log.info("memory tick: %s", summary)
         return summary

@@ -131,7 +131,7 @@ def run_memory(task, context: MemoryContext, run_id: int) -> dict:
     except (AcquireCancelled, RequeueRequested) as exc:
         requeue_unstarted(engine, run_id, now=clock.now())
         raise Reject(f"memory run {run_id}: {exc}", requeue=True) from None
-    except (RoutingError, NotesUnreadable, RedisUnavailable) as exc:
+    except (RoutingError, NotesUnreadable, RedisUnavailable, InvalidInput) as exc:
         error = f"{type(exc).__name__}: {exc}"
         if run.attempts < settings.memory_max_attempts:
             delay = retry_delay(settings, run.attempts)

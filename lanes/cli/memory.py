@@ -37,11 +37,11 @@ def enqueue(settings, now_text, full, as_json) -> None:
         celery.close()
         engine.dispose()
     if as_json:
-        emit_json({**result.as_dict(), "sent": sent})
+        emit_json({**result.as_dict(), "sent": len(sent)})
         return
     click.echo(
         f"{result.scan} scan of hours {result.window.start:%Y-%m-%d %H:%M} .. {result.window.end:%Y-%m-%d %H:%M} UTC: "
-        f"{len(result.created)} run{'s' if len(result.created) != 1 else ''} created, {sent} sent"
+        f"{len(result.created)} run{'s' if len(result.created) != 1 else ''} created, {len(sent)} sent"
         + (f", {result.deferred} held back by the daily cap (they carry over)" if result.deferred else "")
     )
 

@@ -24,13 +24,15 @@ MEMORY_TASK = "lanes.memory.run"
 MEMORY_QUEUE = f"{QUEUE_PREFIX}memory"
 
 
-def dispatch_runs(celery: Celery, run_ids: list[int]) -> int:
-    """Send one message per run; return how many were sent."""
+def dispatch_runs(celery: Celery, run_ids: list[int]) -> list[str]:
+    """Send one message per run; return the Celery task ids, in order."""
+    sent = []
     try:
         for run_id in run_ids:
-            celery.send_task(
+            result = celery.send_task(
                 MEMORY_TASK, args=[run_id], queue=MEMORY_QUEUE, priority=MESSAGE_PRIORITY[Priority.BACKGROUND]
             )
+            sent.append(result.id)
     except RedisUnavailable:
         raise
     except Exception as exc:
@@ -39,7 +41,7 @@ def dispatch_runs(celery: Celery, run_ids: list[int]) -> int:
             f"could not send memory runs to the broker ({detail}); the runs stay queued and the next full scan "
             "sends them again"
         ) from None
-    return len(run_ids)
+    return sent
 
 
 # Queued runs whose message may have been lost (a broker restart) are sent
@@ -49,8 +51,8 @@ STALE_QUEUED = timedelta(hours=1)
 
 
 def enqueue_and_dispatch(engine: Engine, celery: Celery, settings: Settings, *, now: datetime,
-                         full: bool) -> tuple[EnqueueResult, int]:
-    """Create the runs due at ``now`` and send them to the memory workers; (result, messages sent)."""
+                         full: bool) -> tuple[EnqueueResult, list[str]]:
+    """Create the runs due at ``now`` and send them to the memory workers; (result, task ids sent)."""
     result = enqueue_runs(
         engine, now=now, full=full, retention_days=settings.memory_retention_days,
         daily_cap=settings.memory_daily_cap,
