@@ -12,11 +12,9 @@ then the run is marked failed with its error. A lane wait given up at
 shutdown or at the visibility cap hands the message back without counting
 an attempt.
 
-Fleet size (seed 004): the memory primary's width x
-``memory_workers_per_lane``, at least ``memory_workers_floor``, at most
-``memory_workers_cap`` (32).
+Its size is planned and kept by :mod:`workers.memory_fleet`.
 
-    python -m workers.memory [--concurrency N]
+    python -m workers.memory --concurrency N
 """
 
 from __future__ import annotations
@@ -27,12 +25,10 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
 
 from celery import Celery, signals
 from celery.exceptions import Reject
 
-from lanes.catalog import RoutingTable, load_routing
 from lanes.errors import AcquireCancelled, InvalidInput, RedisUnavailable, RoutingError
 from lanes.memory import MEMORY_WORKFLOW, hour_messages, open_memory
 from lanes.memory.dispatch import MEMORY_QUEUE, MEMORY_TASK
@@ -50,25 +46,6 @@ from workers.cancel import CancelRegistry
 log = logging.getLogger("lanes.memory")
 
 RETRY_DELAY_CAP_SECONDS = 900.0
-
-
-@dataclass(frozen=True)
-class MemoryFleetPlan:
-    pool: str | None
-    width: int
-    concurrency: int
-
-
-def plan_memory_fleet(table: RoutingTable, settings: Settings) -> MemoryFleetPlan:
-    route = table.workflows.get(MEMORY_WORKFLOW)
-    if route is None or not route.candidates:
-        known = ", ".join(sorted(table.workflows)) or "none; apply a catalog first"
-        raise InvalidInput(f"the catalog has no {MEMORY_WORKFLOW!r} workflow with a model (workflows: {known})")
-    pool = route.candidates[0].pool
-    width = pool.width if pool is not None else settings.memory_workers_floor
-    wanted = width * settings.memory_workers_per_lane
-    concurrency = min(settings.memory_workers_cap, max(settings.memory_workers_floor, wanted))
-    return MemoryFleetPlan(pool.name if pool is not None else None, width, concurrency)
 
 
 def retry_delay(settings: Settings, attempts: int) -> float:
@@ -173,7 +150,7 @@ def create_memory_app(settings: Settings | None = None) -> Celery:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m workers.memory")
-    parser.add_argument("--concurrency", type=int, default=None, help="default: the memory fleet plan")
+    parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--loglevel", default="WARNING")
     parser.add_argument("--hostname", default=None)
     args = parser.parse_args(argv)
@@ -182,14 +159,6 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("celery.app.trace").setLevel(logging.ERROR)
     settings = load_settings()
     concurrency = args.concurrency
-    if concurrency is None:
-        engine = open_memory(settings)
-        try:
-            plan = plan_memory_fleet(load_routing(engine), settings)
-        finally:
-            engine.dispose()
-        concurrency = plan.concurrency
-        print(f"memory fleet: {concurrency} worker threads for {plan.pool or 'no pool'} width {plan.width}", flush=True)
     app = create_memory_app(settings)
     app.worker_main(
         [

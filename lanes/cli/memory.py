@@ -77,13 +77,15 @@ def runs(settings, statuses, chat_id, limit, as_json) -> None:
 
 
 @command.command(name="worker")
-@click.option("--concurrency", type=click.IntRange(1, 1024), help="Default: the memory primary's width x workers per lane.")
 @click.option("--loglevel", default="WARNING", show_default=True)
-def worker(concurrency, loglevel) -> None:
-    """Run the memory workers until stopped (SIGTERM or Ctrl-C)."""
+def worker(loglevel) -> None:
+    """Run the memory workers until stopped (SIGTERM or Ctrl-C).
+
+    They number the memory primary's width x LANES_MEMORY_WORKERS_PER_LANE,
+    within the floor and cap, and are restarted at the new size when the
+    catalog changes it.
+    """
     # The worker lives in the `workers` package, which `lanes` never imports.
-    args = [sys.executable, "-m", "workers.memory", "--loglevel", loglevel]
-    if concurrency:
-        args += ["--concurrency", str(concurrency)]
+    # exec, not a child: SIGTERM from a process manager reaches the supervisor.
     sys.stdout.flush()
-    os.execv(sys.executable, args)
+    os.execv(sys.executable, [sys.executable, "-m", "workers.memory_fleet", "--loglevel", loglevel])

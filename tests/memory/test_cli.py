@@ -9,9 +9,9 @@ import sys
 import pytest
 
 from lanes.catalog import apply_document, load_routing, make_engine
-from lanes.memory import ensure_memory_schema, list_runs
+from lanes.memory import ensure_memory_schema
 from lanes.settings import Settings
-from workers.memory import plan_memory_fleet
+from workers.memory_fleet import plan_memory_fleet
 
 
 @pytest.fixture

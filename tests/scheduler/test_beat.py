@@ -9,7 +9,6 @@ import subprocess
 import sys
 from datetime import timedelta
 
-import pytest
 import redis
 import sqlalchemy as sa
 

@@ -6,13 +6,11 @@ Assertions are about order and outcomes, never durations.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
 
 import pytest
-import sqlalchemy as sa
 
 from lanes import Priority
 from lanes.memory import add_messages, enqueue_runs, ensure_memory_schema, list_runs, notes_of
