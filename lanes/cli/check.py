@@ -9,6 +9,7 @@ import redis
 
 from lanes.catalog import load_routing, open_catalog
 from lanes.cli.common import emit_json, json_option, pass_settings
+from lanes.errors import RedisUnavailable
 from lanes.lanecheck import check_lanes
 from lanes.redis_conn import connect
 
@@ -27,8 +28,6 @@ def command(settings, no_redis, as_json) -> None:
             client = connect(settings.redis_url, timeout=settings.redis_timeout_seconds)
         report = check_lanes(settings, table, client)
     except redis.RedisError as exc:
-        from lanes.errors import RedisUnavailable
-
         raise RedisUnavailable(f"Redis did not answer while reading lane widths: {exc}") from None
     finally:
         if client is not None:
@@ -38,6 +37,8 @@ def command(settings, no_redis, as_json) -> None:
         emit_json(report.as_dict())
     else:
         click.echo(f"lane config (catalog version {report.catalog_version}, limits from {report.limits_source}):")
+        if client is None:
+            click.echo("  live lane widths not read (--no-redis, or no LANES_REDIS_URL)")
         if report.ok:
             click.echo("  ok: every pool fits its farm services")
         for mismatch in report.mismatches:

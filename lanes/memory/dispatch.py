@@ -38,14 +38,14 @@ def dispatch_runs(celery: Celery, run_ids: list[int]) -> list[str]:
     except Exception as exc:
         detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise RedisUnavailable(
-            f"could not send memory runs to the broker ({detail}); the runs stay queued and the next full scan "
-            "sends them again"
+            f"could not send memory runs to the broker ({detail}); the runs stay queued and a tick an hour "
+            "from now sends them again"
         ) from None
     return sent
 
 
 # Queued runs whose message may have been lost (a broker restart) are sent
-# again by the full scan once they have sat this long; a duplicate message is
+# again by the next tick once they have sat this long; a duplicate message is
 # harmless (a finished run is skipped, notes are replaced whole).
 STALE_QUEUED = timedelta(hours=1)
 
@@ -58,7 +58,6 @@ def enqueue_and_dispatch(engine: Engine, celery: Celery, settings: Settings, *, 
         daily_cap=settings.memory_daily_cap,
     )
     ids = [run.id for run in result.created]
-    if full:
-        fresh = set(ids)
-        ids += [run.id for run in stale_queued(engine, now=now, older_than=STALE_QUEUED) if run.id not in fresh]
+    fresh = set(ids)
+    ids += [run.id for run in stale_queued(engine, now=now, older_than=STALE_QUEUED) if run.id not in fresh]
     return result, dispatch_runs(celery, ids)

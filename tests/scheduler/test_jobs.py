@@ -39,5 +39,8 @@ def test_the_memory_tick_enqueues_and_sends_the_runs_due_at_the_injected_time(sq
         assert jobs.memory_tick(full=True)["sent"] == 1  # the older hour; the first is not sent twice
         assert jobs.memory_tick(full=False)["sent"] == 0
         assert len(list_runs(jobs.engine)) == 2
+        # An hour later both still sit queued (their messages were lost): the tick sends them again.
+        clock.advance(3600)
+        assert jobs.memory_tick(full=False)["sent"] == 2
     finally:
         jobs.close()
