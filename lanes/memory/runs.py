@@ -185,7 +185,7 @@ def rollups(engine: Engine, *, days: int = 14) -> list[Rollup]:
 
 def stale_queued(engine: Engine, *, now: datetime, older_than: timedelta) -> list[RunRecord]:
     """Queued runs created long ago: their message was lost (e.g. a broker restart)."""
-    query = sa.select(runs_t).where(runs_t.c.status == "queued", runs_t.c.updated_at < as_utc(now) - older_than)
+    query = sa.select(runs_t).where(runs_t.c.status == "queued", runs_t.c.updated_at <= as_utc(now) - older_than)
     with database_errors(engine), engine.connect() as conn:
         return [RunRecord.from_row(row) for row in conn.execute(query)]
 
