@@ -60,6 +60,12 @@ def make_beat_app(settings: Settings, redis_url: str) -> Celery:
         enable_utc=True,
         beat_schedule=beat_schedule(),
         redbeat_redis_url=redis_url,
+        # Redbeat's own connection: bounded waits, so a beat cut off from
+        # Redis stops (and its lock lapses) instead of hanging.
+        redbeat_redis_options={
+            "socket_timeout": settings.redis_timeout_seconds,
+            "socket_connect_timeout": settings.redis_timeout_seconds,
+        },
         redbeat_key_prefix=names.beat_prefix,
         redbeat_lock_key=names.beat_lock,
         redbeat_lock_timeout=int(settings.beat_lock_seconds),
