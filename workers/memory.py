@@ -29,12 +29,12 @@ import uuid
 from celery import Celery, signals
 from celery.exceptions import Reject
 
+from lanes.celery_client import make_celery
 from lanes.errors import AcquireCancelled, InvalidInput, RedisUnavailable, RoutingError
 from lanes.memory import MEMORY_WORKFLOW, hour_messages, open_memory
 from lanes.memory.dispatch import MEMORY_QUEUE, MEMORY_TASK
 from lanes.memory.extraction import NotesUnreadable, answer_text, extraction_payload, parse_notes
 from lanes.memory.runs import claim_run, complete_run, fail_run, requeue_unstarted, retry_run
-from lanes.celery_client import make_celery
 from lanes.priority import Priority
 from lanes.redis_conn import resolve_redis_url
 from lanes.routing.request import RouteRequest

@@ -33,9 +33,7 @@ def dispatch_runs(celery: Celery, run_ids: list[int]) -> list[str]:
                 MEMORY_TASK, args=[run_id], queue=MEMORY_QUEUE, priority=MESSAGE_PRIORITY[Priority.BACKGROUND]
             )
             sent.append(result.id)
-    except RedisUnavailable:
-        raise
-    except Exception as exc:
+    except Exception as exc:  # kombu and redis-py raise many kinds; all mean "not sent"
         detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         raise RedisUnavailable(
             f"could not send memory runs to the broker ({detail}); the runs stay queued and a tick an hour "
