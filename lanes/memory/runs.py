@@ -22,7 +22,7 @@ from sqlalchemy.engine import Connection, Engine
 from lanes.catalog.engine import database_errors
 from lanes.errors import InvalidInput
 from lanes.memory.hours import Window, as_utc, day_start, recent_window, retention_window, utc_day
-from lanes.memory.sql import insert_or_skip, upsert, write_transaction
+from lanes.memory.sql import insert_many_or_skip, upsert, write_transaction
 from lanes.memory.tables import RUN_STATUSES, enqueue_state_t, messages_t, notes_t, rollups_t, runs_t
 
 
@@ -103,15 +103,17 @@ def enqueue_runs(engine: Engine, *, now: datetime, full: bool, retention_days: i
             sa.select(sa.func.count()).select_from(runs_t).where(runs_t.c.created_at >= day_start(now))
         ).scalar_one()
         room = max(0, daily_cap - created_today)
-        created = []
-        for chat_id, hour in waiting[:room]:
-            run_id = insert_or_skip(
-                conn, runs_t,
-                dict(chat_id=chat_id, hour=hour, status="queued", attempts=0, created_at=now, updated_at=now),
-                unique=["chat_id", "hour"], returning=runs_t.c.id,
-            )
-            if run_id is not None:
-                created.append(RunRecord(run_id, chat_id, hour, "queued", 0, now, now, None))
+        rows = [
+            dict(chat_id=chat_id, hour=hour, status="queued", attempts=0, created_at=now, updated_at=now)
+            for chat_id, hour in waiting[:room]
+        ]
+        inserted = insert_many_or_skip(
+            conn, runs_t, rows, unique=["chat_id", "hour"], returning=[runs_t.c.id, runs_t.c.chat_id, runs_t.c.hour]
+        )
+        created = sorted(
+            (RunRecord(row.id, row.chat_id, as_utc(row.hour), "queued", 0, now, now, None) for row in inserted),
+            key=lambda run: (run.hour, run.chat_id),
+        )
         held = waiting[room:]
         conn.execute(
             enqueue_state_t.update().where(enqueue_state_t.c.id == 1)

@@ -22,6 +22,20 @@ def insert_or_skip(conn: Connection, table: sa.Table, values: dict, unique: list
     return conn.execute(statement.returning(returning)).scalar_one_or_none()
 
 
+def insert_many_or_skip(conn: Connection, table: sa.Table, rows: list[dict], unique: list[str],
+                        returning: list[sa.Column]) -> list:
+    """Insert the rows whose unique key does not exist yet; the ``returning``
+    values of the rows inserted (not of those skipped), in no set order.
+
+    One statement executed for many parameter sets: SQLAlchemy batches it
+    into multi-row INSERTs ("insertmanyvalues") compiled once.
+    """
+    if not rows:
+        return []
+    statement = _insert(conn, table).on_conflict_do_nothing(index_elements=unique).returning(*returning)
+    return list(conn.execute(statement, rows).all())
+
+
 def upsert(conn: Connection, table: sa.Table, values: dict, key: list[str], updates: dict) -> None:
     """Insert a row, or apply ``updates`` (column -> expression over ``excluded``) to the existing one."""
     statement = _insert(conn, table).values(**values)
