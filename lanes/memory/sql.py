@@ -16,12 +16,6 @@ def _insert(conn: Connection, table: sa.Table):
     return (sqlite.insert if is_sqlite(conn) else postgresql.insert)(table)
 
 
-def insert_or_skip(conn: Connection, table: sa.Table, values: dict, unique: list[str], returning: sa.Column):
-    """Insert one row unless its unique key exists; the new row's ``returning`` value, or None."""
-    statement = _insert(conn, table).values(**values).on_conflict_do_nothing(index_elements=unique)
-    return conn.execute(statement.returning(returning)).scalar_one_or_none()
-
-
 def insert_many_or_skip(conn: Connection, table: sa.Table, rows: list[dict], unique: list[str],
                         returning: list[sa.Column]) -> list:
     """Insert the rows whose unique key does not exist yet; the ``returning``

@@ -130,13 +130,14 @@ def test_two_enqueuers_racing_create_each_run_once(memory_engine):
 
 
 def test_insert_or_skip_leaves_an_existing_run_alone(memory_engine):
-    from lanes.memory.sql import insert_or_skip
+    from lanes.memory.sql import insert_many_or_skip
 
     row = dict(chat_id="a", hour=utc("2026-05-10T08:00"), status="queued", attempts=0,
                created_at=utc("2026-05-10T10:02"), updated_at=utc("2026-05-10T10:02"))
+    other = {**row, "chat_id": "b"}
     with memory_engine.begin() as conn:
-        first = insert_or_skip(conn, runs_t, row, unique=["chat_id", "hour"], returning=runs_t.c.id)
-        second = insert_or_skip(conn, runs_t, {**row, "status": "done"}, unique=["chat_id", "hour"],
-                                returning=runs_t.c.id)
-    assert first is not None and second is None
-    assert [r.status for r in list_runs(memory_engine)] == ["queued"]
+        first = insert_many_or_skip(conn, runs_t, [row], unique=["chat_id", "hour"], returning=[runs_t.c.chat_id])
+        second = insert_many_or_skip(conn, runs_t, [{**row, "status": "done"}, other], unique=["chat_id", "hour"],
+                                     returning=[runs_t.c.chat_id])
+    assert [r.chat_id for r in first] == ["a"] and [r.chat_id for r in second] == ["b"]
+    assert sorted((r.chat_id, r.status) for r in list_runs(memory_engine)) == [("a", "queued"), ("b", "queued")]
