@@ -34,7 +34,7 @@ import redis
 from sqlalchemy.engine import Engine
 
 from lanes.catalog import RoutingTable, record_event
-from lanes.errors import InvalidInput, ServiceUnavailable
+from lanes.errors import LanesError, ServiceUnavailable
 from lanes.namespace import Namespace
 from lanes.settings import Settings, mask_url
 
@@ -108,13 +108,13 @@ def farm_limits(settings: Settings, table: RoutingTable, *, http: httpx.Client |
 def parse_limits(body: object, *, source: str) -> dict[str, int]:
     services = body.get("services", body) if isinstance(body, dict) else None
     if not isinstance(services, dict):
-        raise InvalidInput(f"farm limits from {source} must be a JSON object of service -> limit")
+        raise LanesError(f"farm limits from {source} must be a JSON object of service -> limit")
     limits = {}
     for name, limit in services.items():
         if isinstance(limit, dict):
             limit = limit.get("max_concurrency", limit.get("limit"))
         if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise InvalidInput(f"farm limit of service {name!r} from {source} is {limit!r}; want an integer >= 1")
+            raise LanesError(f"farm limit of service {name!r} from {source} is {limit!r}; want an integer >= 1")
         limits[str(name)] = limit
     return limits
 

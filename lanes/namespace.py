@@ -15,7 +15,8 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
     {prefix}:share:<workflow>               hash    a workflow's failover share
     {prefix}:workers:<fleet>                zset    live workers of a fleet (heartbeats)
     {prefix}:beat:lock                      string  the one active beat's lock (celery-redbeat's)
-    {prefix}:beat:<entry> / :schedule       hash/zset  redbeat's schedule entries (key prefix {prefix}:beat:)
+    {prefix}:beat:<entry>                   hash    a redbeat schedule entry (redbeat key prefix {prefix}:beat:)
+    {prefix}:beat::schedule, ::statics      zset/set  redbeat's due times and static entry names
     {prefix}:beat:active                    hash    who holds the beat lock, since when
     {prefix}:lane_config                    string  the last lane-config check's report (JSON)
     {prefix}:server                         hash    the Redis server identity marker

@@ -13,7 +13,7 @@ import time
 from lanes.catalog import catalog_version, load_routing
 from lanes.celery_client import make_celery
 from lanes.clock import Clock, SystemClock
-from lanes.errors import ServiceUnavailable
+from lanes.errors import LanesError
 from lanes.lanecheck import LaneReport, MismatchLog, check_lanes
 from lanes.memory import open_memory
 from lanes.memory.dispatch import enqueue_and_dispatch
@@ -52,9 +52,9 @@ class SchedulerJobs:
             return None
         try:
             report = check_lanes(self.settings, load_routing(self.engine), self.client)
-        except ServiceUnavailable as exc:
-            # The farm's limits did not answer: try again at the next period or
-            # catalog change, without a traceback every poll.
+        except LanesError as exc:
+            # The farm's limits did not answer, or answered nonsense: try again
+            # at the next period or catalog change, without a traceback every poll.
             self._checked_version, self._checked_at = version, time.monotonic()
             log.warning("lane config: not checked: %s", exc)
             return None

@@ -151,4 +151,8 @@ def test_lanes_check_prints_the_report_and_exits_1_on_a_mismatch_0_when_clean(sq
     assert broken.returncode == 1
     assert "pool_over_services: pool 'gpu0' has width 9" in broken.stdout
     assert "Traceback" not in broken.stderr
+    env["LANES_FARM_LIMITS_URL"] = "http://127.0.0.1:1/farm/services"
+    unreachable = check()
+    assert unreachable.returncode == 3 and len(unreachable.stderr.splitlines()) == 1
+    assert "farm limits at http://127.0.0.1:1/farm/services did not answer" in unreachable.stderr
     engine.dispose()
