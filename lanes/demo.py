@@ -111,6 +111,11 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
         _follow(submitted, console)
         report = _summarise(settings, redis_url, table, sim.stats(), submitted, since)
         _print_report(report, console)
+
+        from lanes.memory.demo import show_memory_runs
+
+        if not show_memory_runs(settings, redis_url, client, console):
+            report.failures += 1
         return report
 
 

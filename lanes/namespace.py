@@ -14,7 +14,11 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
     {prefix}:control:<pool id>:leader       string  the pool's control-loop lease
     {prefix}:share:<workflow>               hash    a workflow's failover share
     {prefix}:workers:<fleet>                zset    live workers of a fleet (heartbeats)
-    {prefix}:beat:lock                      string  the one active beat's lock
+    {prefix}:beat:lock                      string  the one active beat's lock (celery-redbeat's)
+    {prefix}:beat:<entry>                   hash    a redbeat schedule entry (redbeat key prefix {prefix}:beat:)
+    {prefix}:beat::schedule, ::statics      zset/set  redbeat's due times and static entry names
+    {prefix}:beat:active                    hash    who holds the beat lock, since when
+    {prefix}:lane_config                    string  the last lane-config check's report (JSON)
     {prefix}:server                         hash    the Redis server identity marker
 
 Pool-keyed names use the pool's stable id, never its name, so a rename keeps
@@ -65,6 +69,19 @@ class Namespace:
     @property
     def beat_lock(self) -> str:
         return f"{self.prefix}:beat:lock"
+
+    @property
+    def beat_prefix(self) -> str:
+        """celery-redbeat's key prefix: its schedule and entries live under it."""
+        return f"{self.prefix}:beat:"
+
+    @property
+    def beat_active(self) -> str:
+        return f"{self.prefix}:beat:active"
+
+    @property
+    def lane_config(self) -> str:
+        return f"{self.prefix}:lane_config"
 
     @property
     def server_marker(self) -> str:

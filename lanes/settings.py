@@ -60,6 +60,18 @@ class Settings(BaseSettings):
     events_max: int = Field(default=100_000, ge=100)
     events_enabled: bool = True
 
+    # Memory runs and the beat (see README "Memory runs").
+    memory_retention_days: int = Field(default=7, ge=1, le=366, description="days of history the full scan covers")
+    memory_daily_cap: int = Field(default=5_000, ge=0, description="memory runs created per UTC day at most")
+    memory_max_attempts: int = Field(default=4, ge=1, description="tries of one memory run before it is failed")
+    memory_retry_seconds: float = Field(default=30.0, gt=0, description="first retry delay; doubles per attempt")
+    memory_workers_per_lane: int = Field(default=2, ge=1)
+    memory_workers_floor: int = Field(default=1, ge=1)
+    memory_workers_cap: int = Field(default=32, ge=1)
+    farm_limits_url: str | None = Field(default=None, description="JSON of the farm's per-service limits")
+    lane_check_seconds: float = Field(default=300.0, gt=0, description="period of the lane-config check")
+    beat_lock_seconds: float = Field(default=60.0, ge=5, description="a dead beat's lock lapses after this")
+
     def __init__(self, **values) -> None:
         # Keyword-only: a positional argument would land in pydantic-settings'
         # own private parameters and be silently misread.
@@ -77,6 +89,10 @@ class Settings(BaseSettings):
         if self.renew_seconds is not None and self.renew_seconds >= self.lease_seconds:
             raise ValueError(
                 f"renew_seconds {self.renew_seconds} must be shorter than lease_seconds {self.lease_seconds}"
+            )
+        if self.memory_workers_cap < self.memory_workers_floor:
+            raise ValueError(
+                f"memory_workers_cap {self.memory_workers_cap} is below memory_workers_floor {self.memory_workers_floor}"
             )
         if self.fleet_max_workers < self.fleet_min_workers:
             raise ValueError(

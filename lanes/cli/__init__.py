@@ -34,6 +34,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "events": ("lanes.cli.events", "List routing events."),
     "worker": ("lanes.cli.worker", "Run a Celery worker for one fleet."),
     "demo": ("lanes.cli.demo", "Run the whole product on embedded defaults."),
+    "history": ("lanes.cli.history", "Add chat history (one message or a JSON Lines file)."),
+    "memory": ("lanes.cli.memory", "Enqueue and list hourly memory runs; run the memory workers."),
+    "beat": ("lanes.cli.beat", "Run the scheduler (one active beat fleet-wide)."),
+    "check": ("lanes.cli.check", "Check the lane pools against the farm's services."),
 }
 
 

@@ -12,6 +12,7 @@ every model of the simulator from any port):
 - ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``
 - ``GET /metrics`` (every model of the port; gauges lag, see ``metrics``),
   ``GET /health`` (503 while a model of the port is down)
+- ``GET /farm/services``: each model's capacity as a farm service limit
 - ``GET /admin/stats``, ``POST /admin/models/{name}`` (JSON changes),
   ``POST /admin/reset`` (``{"config": true}`` also restores the start settings)
 """
@@ -176,6 +177,10 @@ class SimApp:
                 await self.metrics(send)
             elif method == "GET" and path == "/health":
                 await self.health(send)
+            elif method == "GET" and path == "/farm/services":
+                # A farm's per-service limits for `lanes check` (each simulated model is one service).
+                limits = {name: engine.model.capacity for name, engine in self.fleet.engines.items()}
+                await send_json(send, 200, {"services": limits})
             elif path.startswith("/admin/"):
                 await self.admin(method, path, receive, send)
             else:
@@ -207,6 +212,7 @@ class SimApp:
         options = body.get("stream_options") or {}
         include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
         prompt = openai.prompt_tokens(body.get("messages"))
+        script = openai.scripted_answer(body.get("messages"))
 
         ticket = served.arrive()
         try:
@@ -215,9 +221,9 @@ class SimApp:
                 if request is None:
                     return
                 if stream:
-                    await self.stream_tokens(served, ticket, request, send, prompt, include_usage)
+                    await self.stream_tokens(served, ticket, request, send, prompt, include_usage, script)
                 else:
-                    await self.complete(served, ticket, request, send, prompt)
+                    await self.complete(served, ticket, request, send, prompt, script)
         finally:
             served.finish(ticket, "cancelled")  # a no-op when already finished
 
@@ -247,18 +253,20 @@ class SimApp:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
         return request
 
-    async def complete(self, served: ServedModel, ticket: Ticket, request: SimRequest, send, prompt: int) -> None:
+    async def complete(self, served: ServedModel, ticket: Ticket, request: SimRequest, send, prompt: int,
+                       script: str | None = None) -> None:
         while not request.done:
             await changed(request)
         if request.state != FINISHED:
             served.finish(ticket, "failed")
             await send_json(send, 500, openai.error(500, request.error or "request failed", "InternalServerError"))
             return
-        answer = openai.completion(served.model.name, request.generated, prompt, request.finish_reason)
+        answer = openai.completion(served.model.name, request.generated, prompt, request.finish_reason, script)
         served.finish(ticket, "served")
         await send_bytes(send, 200, openai.dumps(answer), JSON_HEADERS)
 
-    async def stream_tokens(self, served, ticket, request: SimRequest, send, prompt: int, include_usage: bool) -> None:
+    async def stream_tokens(self, served, ticket, request: SimRequest, send, prompt: int, include_usage: bool,
+                            script: str | None = None) -> None:
         """A role chunk first, a chunk per token as the engine makes them, and
         the end: ``[DONE]``, or an error frame then ``[DONE]`` (still HTTP 200)
         when the request fails mid-way. A preempted request simply stalls."""
@@ -270,7 +278,7 @@ class SimApp:
                 parts.append(writer.chunk({"role": "assistant", "content": ""}))
             while sent < request.generated:
                 last = request.state == FINISHED and sent == request.generated - 1
-                parts.append(writer.chunk({"content": openai.token(sent)}, request.finish_reason if last else None))
+                parts.append(writer.chunk({"content": openai.text_token(script, sent, request.max_tokens)}, request.finish_reason if last else None))
                 sent += 1
             if request.done:
                 if request.state == FINISHED:

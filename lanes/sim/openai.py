@@ -43,7 +43,33 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex}"
 
 
-def completion(model: str, tokens: int, prompt: int, finish_reason: str) -> dict[str, Any]:
+# The memory-extraction prompt carries this marker (lanes.memory.extraction);
+# the simulator then answers as an extractor would, so the answer parses.
+EXTRACTION_MARKER = "[lanes:memory-extraction]"
+
+
+def scripted_answer(messages: Any) -> str | None:
+    """A memory-extraction answer (one note per user line of the transcript), or None."""
+    if not isinstance(messages, list) or not messages or not isinstance(messages[0], dict):
+        return None
+    if EXTRACTION_MARKER not in str(messages[0].get("content", "")):
+        return None
+    transcript = "\n".join(str(m.get("content", "")) for m in messages[1:] if isinstance(m, dict))
+    notes = [f"The user said: {line[len('user: '):].strip()}" for line in transcript.splitlines() if line.startswith("user: ")]
+    return json.dumps({"notes": notes[:20]})
+
+
+def piece(script: str, i: int, tokens: int) -> str:
+    """The i-th of ``tokens`` slices of ``script``; together they are the whole of it."""
+    return script[len(script) * i // tokens:len(script) * (i + 1) // tokens]
+
+
+def text_token(script: str | None, i: int, tokens: int) -> str:
+    """Token i of an answer of ``tokens`` tokens: a slice of the script, or a made-up word."""
+    return token(i) if script is None else piece(script, i, tokens)
+
+
+def completion(model: str, tokens: int, prompt: int, finish_reason: str, script: str | None = None) -> dict[str, Any]:
     return {
         "id": new_id("chatcmpl"),
         "object": "chat.completion",
@@ -52,7 +78,7 @@ def completion(model: str, tokens: int, prompt: int, finish_reason: str) -> dict
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": "".join(token(i) for i in range(tokens))},
+                "message": {"role": "assistant", "content": script if script is not None else "".join(token(i) for i in range(tokens))},
                 "finish_reason": finish_reason,
             }
         ],

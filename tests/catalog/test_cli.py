@@ -74,7 +74,9 @@ def test_a_bad_file_is_exit_2_with_each_problem_and_no_traceback(lanes, tmp_path
 def test_db_upgrade_current_and_downgrade(lanes):
     assert lanes("db", "upgrade").exit_code == 0
     current = json.loads(lanes("db", "current", "--json").stdout)
-    assert [(b["branch"], b["revision"]) for b in current["branches"]] == [("schema", "catalog_0002"), ("fleet", None)]
+    assert [(b["branch"], b["revision"]) for b in current["branches"]] == [
+        ("schema", "catalog_0002"), ("fleet", None), ("memory", None)
+    ]
 
     upgraded = lanes("db", "upgrade", "fleet@head")
     assert "Running upgrade fleet_0002 -> fleet_0003" in upgraded.output

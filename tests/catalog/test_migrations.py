@@ -103,6 +103,7 @@ def test_open_catalog_creates_the_sqlite_file_under_the_state_dir_and_skips_the_
         assert [(s.branch, s.revision) for s in migrate.branch_states(engine)] == [
             ("schema", "catalog_0002"),
             ("fleet", None),
+            ("memory", None),
         ]
         assert catalog_version(engine) == 0
     finally:
