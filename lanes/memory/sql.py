@@ -9,7 +9,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
-from lanes.catalog.engine import database_errors, is_sqlite
+from lanes.catalog.engine import database_errors, is_sqlite, writing
 
 
 def _insert(conn: Connection, table: sa.Table):
@@ -45,15 +45,9 @@ def write_transaction(engine: Engine) -> Iterator[Connection]:
 
     A deferred SQLite transaction that reads and then writes can fail at the
     write when another writer got there first; taking the lock up front makes
-    the second writer wait (busy timeout) instead. PostgreSQL callers lock the
-    rows they need with FOR UPDATE.
+    the second writer wait (busy timeout) instead. The catalog's
+    :func:`~lanes.catalog.engine.writing` does exactly that (``BEGIN IMMEDIATE``);
+    PostgreSQL callers lock the rows they need with FOR UPDATE.
     """
-    with database_errors(engine), engine.connect() as conn:
-        if is_sqlite(conn):
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            conn.commit()
-        except BaseException:
-            conn.rollback()
-            raise
+    with database_errors(engine), writing(engine) as conn:
+        yield conn

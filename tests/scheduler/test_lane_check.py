@@ -58,12 +58,20 @@ def unpool_m1(engine) -> None:
         conn.execute(sa.text("UPDATE catalog_version SET version = version + 1"))
 
 
+def m1_on_unknown_service(engine) -> None:
+    # `lanes catalog apply` refuses a model whose service the file does not
+    # declare; a catalog edited by hand can still name one.
+    with engine.begin() as conn:
+        conn.execute(sa.text("UPDATE models SET service = 's9' WHERE name = 'm1'"))
+        conn.execute(sa.text("UPDATE catalog_version SET version = version + 1"))
+
+
 CASES = [
     # (kind key, the catalog change that makes it, the change that clears it)
     ("model_without_pool:m1", unpool_m1, {}),
     ("service_split:s0", {"models": {"m1": {"service": "s0"}}}, {}),
     ("pool_over_services:gpu0", {"widths": {"gpu0": 6}}, {"widths": {"gpu0": 4}}),
-    ("unknown_service:s9", {"models": {"m1": {"service": "s9"}}}, {}),
+    ("unknown_service:s9", m1_on_unknown_service, {}),
 ]
 
 
@@ -122,7 +130,8 @@ def test_farm_limits_come_from_the_simulators_endpoint(sqlite_url, one_redis_url
     ensure_schema(engine)
     with Simulator([SimModel(name="m0", capacity=3), SimModel(name="m1", capacity=2)], port=0) as sim:
         doc = document(models={"m0": {"service": "m0"}, "m1": {"service": "m1"}})
-        doc["services"] = []
+        # The catalog declares the services; their limits come from the farm.
+        doc["services"] = [{"name": "m0", "limit": 64}, {"name": "m1", "limit": 64}]
         apply_document(engine, doc)
         settings = Settings(state_dir=tmp_path / "s", database_url=sqlite_url,
                             farm_limits_url=sim.base_url.removesuffix("/v1") + "/farm/services")
