@@ -46,6 +46,7 @@ class WorkerContext:
         with self._lock:
             if self._runtime is None:
                 self._runtime = Runtime(self.settings, redis_url=self.redis_url)
+                self._runtime.start_steward()
             return self._runtime
 
     def close(self) -> None:
@@ -78,6 +79,16 @@ def create_app(
     context = WorkerContext(settings, redis_url, background_limit=background_limit, background_queue=background_queue)
     app.lanes_context = context
     app.steps["consumer"].add(ConsumerHandle)
+
+    # The width follower and control loop start with the worker, not with its
+    # first task: a freshly (re)started worker must bring lanes to the width
+    # authority's width even while no work arrives.
+    @signals.worker_ready.connect(weak=False)
+    def _start_steward(**_) -> None:
+        try:
+            context.runtime()
+        except Exception:  # Redis or the catalog away: the first task retries the runtime
+            log.warning("could not start the width follower", exc_info=True)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _cancel_waits(**_) -> None:

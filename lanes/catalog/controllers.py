@@ -77,7 +77,7 @@ KINDS: dict[str, dict[str, Param]] = {
         "waiting_threshold": Param(int, 0, 0, 1_000_000, doc="without the capacity gauge: waiting above this is saturated"),
         "kv_threshold": Param(float, 0.98, 0.0, 1.0, low_open=True, doc="KV-cache usage at or above this is saturated"),
         "near_full": Param(float, 0.8, 0.0, 1.0, low_open=True, doc="running at or above this fraction of the width grows it"),
-        "growth_fraction": Param(float, 0.25, 0.0, 4.0, low_open=True, doc="step while no capacity is known (at least 1)"),
+        "growth_fraction": Param(float, 0.5, 0.0, 4.0, low_open=True, doc="step while no capacity is known (at least 1)"),
         "probe_fraction": Param(float, 0.05, 0.0, 1.0, low_open=True, doc="step above a measured capacity"),
         "max_cut": Param(float, 0.5, 0.0, 1.0, low_open=True, doc="a cut keeps at least (1 - max_cut) of the width"),
         "interval_seconds": _interval(5.0),

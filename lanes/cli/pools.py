@@ -11,10 +11,18 @@ from lanes.priority import Priority
 from lanes.redis_conn import connect, eviction_warning, resolve_redis_url
 
 
-def _lane(settings, client, pool):
-    from lanes.routing.runtime import pool_lane
+def _authority(settings, client):
+    from lanes.control.store import ControlStore
+    from lanes.namespace import Namespace
+    from lanes.pools import WidthAuthority
 
-    return pool_lane(client, settings, pool)
+    return WidthAuthority(ControlStore(client, Namespace(settings.key_prefix)))
+
+
+def _lane(settings, client, pool):
+    from lanes.pools import pool_lane
+
+    return pool_lane(client, settings, pool, width=lambda: _authority(settings, client).width(pool))
 
 
 def _ms(seconds) -> float | None:
@@ -80,10 +88,12 @@ def show(settings, as_json) -> None:
 @click.argument("width", type=int)
 @pass_settings
 def set_width(settings, name, width) -> None:
-    """Set pool NAME's width to WIDTH: in the catalog, and on its live lane at once.
+    """Set pool NAME's configured width to WIDTH: in the catalog, and on its live lane at once.
 
-    Holders are never revoked on a shrink (they drain); on a growth waiters
-    are granted immediately.
+    The live lane goes through the width authority: with the pool's
+    controllers off it runs at WIDTH; with a controller on, WIDTH is where
+    the controllers start again. Holders are never revoked on a shrink (they
+    drain); on a growth waiters are granted immediately.
     """
     from lanes.catalog import set_pool_width
 
@@ -93,10 +103,12 @@ def set_width(settings, name, width) -> None:
     pool = set_pool_width(engine, name, width)
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
-        _lane(settings, client, pool).resize(width)
+        lane = _lane(settings, client, pool)
+        _authority(settings, client).sync(pool, lane)
+        live = lane.stats()
     finally:
         client.close()
-    click.echo(f"pool {name}: width {width}")
+    click.echo(f"pool {name}: width {width}" + (f" (live lane {live.width})" if live.exists and live.width != width else ""))
 
 
 @command.command()
