@@ -33,7 +33,7 @@ depends_on: Union[str, Sequence[str], None] = None
 DEFAULTS = {
     "overload": {"cut_factor": 0.8, "growth_factor": 1.5, "interval_seconds": 5.0,
                  "probe_fraction": 0.05, "statuses": [529]},
-    "vllm": {"growth_fraction": 0.25, "interval_seconds": 5.0, "kv_threshold": 0.98, "max_cut": 0.5,
+    "vllm": {"growth_fraction": 0.5, "interval_seconds": 5.0, "kv_threshold": 0.98, "max_cut": 0.5,
              "near_full": 0.8, "probe_fraction": 0.05, "scrape_seconds": 12.0, "stale_seconds": 60.0,
              "timeout_seconds": 2.0, "waiting_threshold": 0},
     "utilisation": {"interval_seconds": 5.0, "max_rise": 2.0, "max_window_intervals": 30, "min_completions": 20,
