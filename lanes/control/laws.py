@@ -106,6 +106,8 @@ def overload_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propos
             measured, source = math.floor(s.served_concurrency), "served at once"
         else:
             measured, source = s.overload_in_flight, "in flight at the first overload"
+        if measured is not None and measured < 1:
+            measured = None  # nothing else in flight: one refused request measures nothing
         if measured is not None and measured < width:
             target, how = measured, f"to the {measured} {source}"
             memo["measured"] = max(bounds.floor, measured)

@@ -69,7 +69,7 @@ class ControlLoop:
                     "gate (set LANES_MEMORY_GATE_HIGH); running at the configured width", pool.name, pool.width,
                     pool.ceiling)
             return self._apply(pool, lane, lease, now, state.width, Composed(
-                pool.width, "fail_closed", None, "no memory gate on the workers: configured width"))
+                pool.width, "fail_closed", None, "no memory gate on the workers: configured width"), fields={})
         gauges = self._gauges(pool, table, now)
         elapsed = now - state.decided_at if state.decided_at is not None else 0.0
         signals = Signals(

@@ -32,7 +32,7 @@ from lanes.pools import running_kinds
 
 log = logging.getLogger("lanes.control")
 
-LEASE_INTERVALS = 1.5  # a dead leader's lease lapses within 1.5 intervals; the next pass takes it
+LEASE_INTERVALS = 1.75  # a dead leader's lease lapses within 1.75 intervals; the next pass takes it
 
 
 class Steward:
@@ -74,7 +74,7 @@ class Steward:
             self._resign(pool_id)
 
     def _lead(self, pool: PoolInfo, table, lane, now: float) -> None:
-        ttl = max(LEASE_INTERVALS * interval_of(pool), 2 * self.follow_seconds)
+        ttl = max(LEASE_INTERVALS * interval_of(pool), 3 * self.follow_seconds)
         lease = self.rt.control.lease(pool.id, self.token, ttl)
         if lease is None:
             if self._leases.pop(pool.id, None) is not None:
