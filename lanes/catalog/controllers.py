@@ -87,6 +87,7 @@ KINDS: dict[str, dict[str, Param]] = {
         "target": Param(float, 0.85, 0.0, 1.0, low_open=True),
         "tolerance": Param(float, 0.05, 0.0, 1.0, doc="no change while target / utilisation is this close to 1"),
         "min_completions": Param(int, 20, 1, 1_000_000, doc="evidence a decision needs"),
+        "min_intervals": Param(int, 6, 1, 10_000, doc="busy intervals a decision needs (gauges are instants)"),
         "max_window_intervals": Param(int, 30, 1, 10_000, doc="a window is judged after this many busy intervals at the latest"),
         "max_rise": Param(float, 2.0, 1.0, 16.0, low_open=True),
         "scrape_seconds": Param(float, 12.0, 0.0, 3600.0, low_open=True),

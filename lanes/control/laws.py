@@ -43,7 +43,7 @@ class Gauges:
     running: float = 0.0
     waiting: float = 0.0
     waiting_capacity: float | None = None  # None: the by-reason gauge is absent (vLLM < 0.9.2)
-    kv_usage: float | None = None  # the highest of the replicas
+    kv_usage: float | None = None  # the mean of the replicas
     error: str | None = None
 
 
@@ -61,6 +61,7 @@ class Signals:
     # Served call-seconds since the last decision / its elapsed seconds: by
     # Little's law, how many requests the backend actually served at once.
     served_concurrency: float | None = None
+    window_seconds: float | None = None  # time since the last decision
     gauges: Gauges | None = None
 
 
@@ -102,12 +103,17 @@ def overload_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propos
         # What the backend served at once while it rejected the rest is its
         # capacity; without that, the lane's in-flight count at the first
         # overload answer of this generation; without either, a fixed factor.
-        if s.served_concurrency is not None and s.served_concurrency >= 1:
-            measured, source = math.floor(s.served_concurrency), "served at once"
+        served = s.served_concurrency
+        if served is not None and s.completions and s.window_seconds:
+            mean_call = served * s.window_seconds / s.completions
+            if mean_call > s.window_seconds:
+                served = None  # calls longer than the window: too few ended in it to measure by
+        if served is not None:
+            measured, source = (math.floor(served) if served >= 1 else None), "served at once"
         else:
             measured, source = s.overload_in_flight, "in flight at the first overload"
         if measured is not None and measured < 1:
-            measured = None  # nothing else in flight: one refused request measures nothing
+            measured = None  # nothing served, or nothing else in flight: nothing measured
         if measured is not None and measured < width:
             target, how = measured, f"to the {measured} {source}"
             memo["measured"] = max(bounds.floor, measured)
@@ -183,12 +189,15 @@ def utilisation_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Pro
     if g is None or not g.ok or g.kv_usage is None:
         return _hold(width, "no utilisation gauge this interval")
     window["intervals"] += 1
-    window["in_flight"] += s.in_flight
+    # The running count comes from the same scrape as the utilisation, so the
+    # two describe one instant (the lane's count is newer than lagging gauges).
+    window["in_flight"] += g.running if g.running else s.in_flight
     window["utilisation"] += g.kv_usage
     window["completions"] += s.completions
     window["full"] += 1 if s.in_flight >= width else 0
-    if window["completions"] < params["min_completions"] and window["intervals"] < params["max_window_intervals"]:
-        return _hold(width, f"gathering evidence: {window['completions']} completions")
+    enough = window["completions"] >= params["min_completions"] and window["intervals"] >= params["min_intervals"]
+    if not enough and window["intervals"] < params["max_window_intervals"]:
+        return _hold(width, f"gathering evidence: {window['completions']} completions, {window['intervals']} intervals")
     n = window["intervals"]
     in_flight, used = window["in_flight"] / n, window["utilisation"] / n
     slots_used = window["full"] * 2 >= n

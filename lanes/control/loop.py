@@ -81,6 +81,7 @@ class ControlLoop:
             overload_in_flight=state.overload_in_flight,
             completions=state.completions,
             served_concurrency=state.served_seconds / elapsed if elapsed > 0 else None,
+            window_seconds=elapsed if elapsed > 0 else None,
             gauges=gauges,
         )
         memos = dict(state.laws)

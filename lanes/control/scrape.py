@@ -90,7 +90,7 @@ def scrape(urls: list[str], models: set[str], *, timeout: float, client: httpx.C
         running=sum(p.running for p in parts),
         waiting=sum(p.waiting for p in parts),
         waiting_capacity=sum(capacities) if len(capacities) == len(parts) else None,
-        kv_usage=max(kvs) if kvs else None,
+        kv_usage=sum(kvs) / len(kvs) if kvs else None,
     )
 
 

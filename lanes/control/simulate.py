@@ -151,7 +151,7 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
     def gauges_now() -> tuple[float, float, float]:
         running = sum(r.running for r in replicas)
         queued = sum(len(r.queue) for r in replicas)
-        kv = max((min(1.0, r.running / r.capacity) if r.capacity else 1.0) for r in replicas)
+        kv = sum(min(1.0, r.running / r.capacity) if r.capacity else 1.0 for r in replicas) / len(replicas)
         return running, queued, kv
 
     def account(now: float) -> None:
@@ -250,6 +250,7 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
                 width=width, in_flight=in_flight, waiting=waiting, admitted=admitted, overloads=overloads,
                 overload_in_flight=overload_in_flight, completions=completions,
                 served_concurrency=served_seconds / elapsed if elapsed > 0 else None,
+                window_seconds=elapsed if elapsed > 0 else None,
                 gauges=lagged_gauges(now),
             )
             new = bounds.clamp(decide(signals, bounds, memo))

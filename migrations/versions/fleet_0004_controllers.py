@@ -36,7 +36,7 @@ DEFAULTS = {
     "vllm": {"growth_fraction": 0.5, "interval_seconds": 5.0, "kv_threshold": 0.98, "max_cut": 0.5,
              "near_full": 0.8, "probe_fraction": 0.05, "scrape_seconds": 12.0, "stale_seconds": 60.0,
              "timeout_seconds": 2.0, "waiting_threshold": 0},
-    "utilisation": {"interval_seconds": 5.0, "max_rise": 2.0, "max_window_intervals": 30, "min_completions": 20,
+    "utilisation": {"interval_seconds": 5.0, "max_rise": 2.0, "max_window_intervals": 30, "min_completions": 20, "min_intervals": 6,
                     "scrape_seconds": 12.0, "target": 0.85, "timeout_seconds": 2.0, "tolerance": 0.05},
 }
 NEW_KINDS = set(DEFAULTS)

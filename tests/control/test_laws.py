@@ -7,7 +7,7 @@ from lanes.control.laws import Bounds, Gauges, Signals, compose, overload_law, u
 
 OVERLOAD = normalise({}, "overload")
 VLLM = normalise({}, "vllm")
-UTIL = normalise({}, "utilisation")
+UTIL = normalise({"min_intervals": 1}, "utilisation")
 WIDE = Bounds(1, 100_000)
 
 
@@ -154,6 +154,13 @@ def test_a_decision_waits_for_enough_completions_and_idle_intervals_do_not_count
     idle = Signals(width=20, in_flight=0, waiting=0, completions=0, gauges=Gauges(ok=True, kv_usage=0.0))
     assert "idle" in utilisation_law(idle, WIDE, UTIL, memo).reason
     assert utilisation_law(util(20, 20, 1.0, completions=10), WIDE, UTIL, memo).width == 17
+
+
+def test_by_default_a_decision_needs_six_busy_intervals_of_gauges():
+    params, memo = normalise({}, "utilisation"), {}
+    for _ in range(5):
+        assert utilisation_law(util(20, 20, 1.0), WIDE, params, memo).decision == "hold"
+    assert utilisation_law(util(20, 20, 1.0), WIDE, params, memo).width == 17
 
 
 def test_a_window_that_saw_a_width_change_moves_nothing():

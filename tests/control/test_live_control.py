@@ -115,9 +115,10 @@ def test_the_width_follows_the_backends_capacity_and_a_second_worker_takes_over(
         # It keeps deciding: the backend shrinks to 3 and the width follows.
         dep.sim.configure("m", capacity=3)
         eventually(lambda: width(dep) <= 4, timeout=40, interval=0.2, what="width near capacity 3")
-        dep.sim.reset()
         eventually(lambda: control.read(pool_id).decision == "hold", timeout=20, interval=0.2, what="settled")
         settled_width = width(dep)
+        # A shrink revokes no one: let the requests admitted under the wider lane drain first.
+        eventually(lambda: (s := dep.lane("gpu").stats()).in_flight <= s.width, timeout=20, what="drained")
         dep.sim.reset()
         eventually(lambda: dep.sim.stats()["m"]["served"] >= 20, timeout=40, what="work served at capacity 3")
         # Running never exceeds capacity in vLLM; what the lane sends stays within one step above it.
