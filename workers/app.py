@@ -24,6 +24,7 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.cancel import CancelRegistry
 from workers.gate import BackgroundGate
+from workers.memgate import MemoryGate, MemoryGateWatcher
 
 log = logging.getLogger("lanes.worker")
 
@@ -39,6 +40,12 @@ class WorkerContext:
         self.redis_url = redis_url
         self.cancels = CancelRegistry()
         self.gate = BackgroundGate(background_limit, background_queue) if background_queue else None
+        # The memory gate: with it, controllers may raise widths (fleets are sized from the ceiling).
+        self.memory = None
+        if settings.memory_gate_high is not None:
+            gate = MemoryGate(settings.memory_gate_high, settings.memory_gate_low)
+            if gate.enabled:
+                self.memory = MemoryGateWatcher(gate, [], in_flight=lambda: len(self.cancels)).start()
         self._runtime: Runtime | None = None
         self._lock = threading.Lock()
 
@@ -65,6 +72,10 @@ class ConsumerHandle(bootsteps.StartStopStep):
         gate = c.app.lanes_context.gate
         if gate is not None:
             gate.consumer = c
+        memory = c.app.lanes_context.memory
+        if memory is not None:
+            memory.queues = [queue.name for queue in c.task_consumer.queues]
+            memory.consumer = c
 
 
 def create_app(

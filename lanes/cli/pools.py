@@ -43,17 +43,27 @@ def command(ctx, as_json) -> None:
 @pass_settings
 def show(settings, as_json) -> None:
     """Show every pool's lane as all workers see it."""
+    from lanes.pools import learned_applies, running_kinds
+
     table = load_routing(open_catalog(settings))
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         warning = eviction_warning(client)
+        authority = _authority(settings, client)
         rows = []
         for pool in sorted(table.pools.values(), key=lambda p: p.name):
             stats = _lane(settings, client, pool).stats()
+            state = authority.state(pool)
             rows.append({
                 "pool": pool.name,
                 "configured_width": pool.width,
                 "width": stats.width if stats.exists else pool.width,
+                "authority_width": authority.width(pool),
+                "floor": pool.floor,
+                "ceiling": pool.ceiling,
+                "controllers": running_kinds(pool),
+                # The loop's last decision, each controller's proposal, the signals it read.
+                "control": state.as_dict() if learned_applies(pool, state) else None,
                 "in_flight": stats.in_flight,
                 "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
                 "mean_hold_ms": _ms(stats.mean_hold_seconds),
@@ -75,12 +85,40 @@ def show(settings, as_json) -> None:
         "lanes",
         ["pool", "width", "in flight", "queued i/u/b", "mean hold ms", "wait p50 ms", "wait p95 ms", "grants", "timeouts"],
         [
-            [r["pool"], r["width"], r["in_flight"],
+            [r["pool"], _width_text(r), r["in_flight"],
              "/".join(str(r["queued"][p.label]) for p in Priority),
              r["mean_hold_ms"], r["wait_p50_ms"], r["wait_p95_ms"], r["grants"], r["timeouts"]]
             for r in rows
         ],
     )
+    controlled = [r for r in rows if r["controllers"]]
+    if controlled:
+        emit_table(
+            "controllers",
+            ["pool", "configured", "width", "floor..ceiling", "controller", "decision", "reason"],
+            [
+                [r["pool"], r["configured_width"], r["width"], f"{r['floor']}..{r['ceiling']}", kind,
+                 _proposal(r, kind)[0], _proposal(r, kind)[1]]
+                for r in controlled for kind in sorted(r["controllers"])
+            ],
+        )
+
+
+def _width_text(row: dict) -> str:
+    """The live width, and the configured one when a controller moved it."""
+    if row["width"] == row["configured_width"]:
+        return str(row["width"])
+    return f"{row['width']} (configured {row['configured_width']})"
+
+
+def _proposal(row: dict, kind: str) -> tuple[str, str]:
+    control = row["control"]
+    if control is None:
+        return "starting", f"from the configured width {row['configured_width']}"
+    proposal = (control.get("proposals") or {}).get(kind)
+    if proposal is None:
+        return control.get("decision") or "-", control.get("reason") or ""
+    return proposal["decision"], proposal["reason"]
 
 
 @command.command(name="set-width")

@@ -57,6 +57,9 @@ class ControlState:
     decided_at: float | None = None
     changed_at: float | None = None
     rejections: dict = field(default_factory=dict)
+    proposals: dict = field(default_factory=dict)
+    scrape: dict = field(default_factory=dict)
+    leader: str | None = None
 
     @classmethod
     def parse(cls, raw: dict) -> "ControlState | None":
@@ -89,6 +92,9 @@ class ControlState:
             decided_at=number("decided_at", float),
             changed_at=number("changed_at", float),
             rejections={k.split(":", 1)[1]: int(v) for k, v in fields.items() if k.startswith("rejections:")},
+            proposals=json.loads(fields.get("proposals") or "{}"),
+            scrape=json.loads(fields.get("scrape") or "{}"),
+            leader=fields.get("leader"),
         )
 
     def as_dict(self) -> dict:
@@ -98,7 +104,8 @@ class ControlState:
             "laws": self.laws, "decided_at": self.decided_at, "changed_at": self.changed_at,
             "admitted": self.admitted, "overloads": self.overloads,
             "background_overloads": self.background_overloads, "stale_overloads": self.stale_overloads,
-            "rejections": self.rejections,
+            "rejections": self.rejections, "proposals": self.proposals, "scrape": self.scrape,
+            "leader": self.leader,
         }
 
 

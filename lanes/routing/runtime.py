@@ -117,7 +117,9 @@ class Runtime:
         from lanes.control.steward import Steward
 
         if self._steward is None:
-            gated = self.settings.memory_gate_high is not None if memory_gated is None else memory_gated
+            high, low = self.settings.memory_gate_high, self.settings.memory_gate_low
+            # The same test as the worker's gate (workers/memgate.py): nonsensical marks are no gate.
+            gated = (high is not None and (low is None or low < high)) if memory_gated is None else memory_gated
             self._steward = Steward(self, follow_seconds=follow_seconds, memory_gated=gated).start()
         return self._steward
 

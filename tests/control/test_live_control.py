@@ -17,6 +17,7 @@ import threading
 
 import pytest
 import redis
+from celery.exceptions import TimeoutError as ResultTimeout
 
 from lanes.control.store import ControlStore
 from lanes.namespace import Namespace
@@ -55,7 +56,7 @@ class Load:
         while not self.stop.is_set():
             try:
                 self.dep.client.submit("chat", CHAT, deadline=60).get(timeout=20)
-            except TimeoutError:
+            except ResultTimeout:
                 # A task the killed worker held comes back only after Celery's
                 # visibility timeout; the client moves on as a caller would.
                 self.timeouts += 1

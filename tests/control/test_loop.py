@@ -199,3 +199,30 @@ def test_with_every_controller_off_the_width_is_exactly_the_configured_width():
     on = PoolInfo(id=1, name="p", width=6, floor=2, ceiling=12, controller={"kind": "overload"}, metrics_url=None,
                   enabled=True, previous_names=(), controllers={"overload": normalise({}, "overload")})
     assert decide_width(on, None) == 6  # starts at the configured width
+
+
+def test_lanes_pools_shows_configured_and_current_width_and_each_controllers_last_decision(setup):
+    import json
+    import os
+    import subprocess
+    import sys
+
+    rt, engine, clock = setup
+    loop, lease, _, pool = leader(rt)
+    tick(rt, loop, clock, lease)
+    overload(rt, pool, rt.control_generation(pool))
+    tick(rt, loop, clock, lease)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_")}
+    env.update(LANES_REDIS_URL=rt.redis_url, LANES_DATABASE_URL=rt.settings.catalog_url(),
+               LANES_STATE_DIR=str(rt.settings.state_dir))
+    shown = subprocess.run([sys.executable, "-m", "lanes.cli", "pools", "--json"], env=env, capture_output=True,
+                           text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    row = next(r for r in json.loads(shown.stdout) if r["pool"] == "gpu")
+    assert row["configured_width"] == 10 and row["width"] == 8 and row["authority_width"] == 8
+    assert list(row["controllers"]) == ["overload"]
+    assert row["control"]["decision"] == "cut" and row["control"]["controller"] == "overload"
+    assert row["control"]["proposals"]["overload"]["decision"] == "cut"
+    table = subprocess.run([sys.executable, "-m", "lanes.cli", "pools"], env={**env, "COLUMNS": "200"},
+                           capture_output=True, text=True, timeout=60)
+    assert table.returncode == 0 and "8 (configured 10)" in table.stdout and "overload" in table.stdout
