@@ -86,6 +86,8 @@ def _grow(width: int, memo: dict, factor: float, probe: float, minimum_step: int
     measurement was a little low), so probing goes on in small steps there.
     """
     measured = memo.get("measured")
+    if measured is not None and width < measured:
+        return measured, f"back to the measured capacity {measured}"
     if measured is not None and width > measured:
         if width >= memo.get("failed", math.inf):
             memo["measured"] = measured = None
@@ -120,9 +122,11 @@ def overload_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propos
         elif measured is not None:
             # Measured at or above the width (a noisy interval): the width is
             # still too much, so step back below it by one probe.
+            # The backend did serve the whole width, so this interval showed no
+            # lower capacity: the width stays the measurement to return to.
             target = width - max(1, math.ceil(width * params["probe_fraction"]))
             how = f"one probe below {width} ({measured} {source})"
-            memo["measured"] = max(bounds.floor, target)
+            memo["measured"] = width
         else:
             target, how = math.floor(width * params["cut_factor"]), f"x{params['cut_factor']}"
             memo["measured"] = None
