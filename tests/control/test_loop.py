@@ -226,3 +226,20 @@ def test_lanes_pools_shows_configured_and_current_width_and_each_controllers_las
     table = subprocess.run([sys.executable, "-m", "lanes.cli", "pools"], env={**env, "COLUMNS": "200"},
                            capture_output=True, text=True, timeout=60)
     assert table.returncode == 0 and "8 (configured 10)" in table.stdout and "overload" in table.stdout
+
+
+def test_a_fleet_is_sized_from_the_ceiling_while_a_controller_runs_and_from_the_width_when_off(make_settings):
+    from workers.fleet import plan_fleet
+
+    settings = make_settings(workers_per_lane=2, fleet_max_workers=500)
+    engine = open_catalog(settings)
+    apply_document(engine, document(OVERLOAD, width=10, ceiling=100))
+    assert plan_fleet(rt_table(engine), "gpu", settings).concurrency == 200
+    apply_document(engine, document({"kind": "off"}, width=10, ceiling=100))
+    assert plan_fleet(rt_table(engine), "gpu", settings).concurrency == 20
+
+
+def rt_table(engine):
+    from lanes.catalog import load_routing
+
+    return load_routing(engine)

@@ -80,12 +80,3 @@ def test_a_width_applied_from_a_catalog_file_reaches_the_live_lane_and_the_backe
     dep.wait_for_workers(["gpu"])
     assert peak_concurrency(dep) == 4
 
-
-def test_a_width_written_straight_into_the_catalog_reaches_the_live_lane(dep):
-    # As a data revision or another tool writes it: nobody resizes the lane
-    # by hand, the workers follow the catalog through the authority.
-    from lanes.catalog import set_pool_width
-
-    set_pool_width(dep.client.engine, "gpu", 3)
-    eventually(lambda: dep.lane("gpu").stats().width == 3, timeout=30, what="lane width 3")
-    assert peak_concurrency(dep) == 3
