@@ -96,6 +96,11 @@ def create_app(
     # authority's width even while no work arrives.
     @signals.worker_ready.connect(weak=False)
     def _start_steward(**_) -> None:
+        # On a thread of its own: building the runtime reads the catalog, and
+        # the worker must not wait for that before it answers.
+        threading.Thread(target=_build_runtime, name="lanes-runtime-start", daemon=True).start()
+
+    def _build_runtime() -> None:
         try:
             context.runtime()
         except Exception:  # Redis or the catalog away: the first task retries the runtime
