@@ -10,8 +10,8 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
     {prefix}:idem:<workflow>:<key>          string  idempotency key -> task id
     {{prefix}:breaker:<model>}:state        hash    a backend's breaker
     {{prefix}:breaker:<model>}:window       list    its recent outcomes
-    {prefix}:control:<pool id>:state        hash    a pool controller's state
-    {prefix}:control:<pool id>:leader       string  the pool's control-loop lease
+    {{prefix}:control:<pool id>}:state      hash    a pool controller's state
+    {{prefix}:control:<pool id>}:leader     string  the pool's control-loop lease
     {prefix}:share:<workflow>               hash    a workflow's failover share
     {prefix}:workers:<fleet>                zset    live workers of a fleet (heartbeats)
     {prefix}:beat:lock                      string  the one active beat's lock (celery-redbeat's)
@@ -55,10 +55,11 @@ class Namespace:
         return f"{tag}:state", f"{tag}:window"
 
     def control_state(self, pool_id: int) -> str:
-        return f"{self.prefix}:control:{pool_id}:state"
+        # Tagged with the leader key: the lease and commit scripts touch both.
+        return f"{{{self.prefix}:control:{pool_id}}}:state"
 
     def control_leader(self, pool_id: int) -> str:
-        return f"{self.prefix}:control:{pool_id}:leader"
+        return f"{{{self.prefix}:control:{pool_id}}}:leader"
 
     def share(self, workflow: str) -> str:
         return f"{self.prefix}:share:{workflow}"

@@ -59,6 +59,12 @@ class Settings(BaseSettings):
     fleet_max_workers: int = Field(default=64, ge=2)
     events_max: int = Field(default=100_000, ge=100)
     events_enabled: bool = True
+    # The worker memory gate (workers/memgate.py): stop taking tasks at this
+    # fraction of the worker's cgroup memory limit, resume below the low mark.
+    # Unset: no gate, and controllers that could raise a width above the
+    # configured one fail closed (the pool runs at its configured width).
+    memory_gate_high: float | None = Field(default=None, gt=0, le=1)
+    memory_gate_low: float | None = Field(default=None, gt=0, le=1)
 
     # Memory runs and the beat (see README "Memory runs").
     memory_retention_days: int = Field(default=7, ge=1, le=366, description="days of history the full scan covers")

@@ -24,6 +24,7 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.cancel import CancelRegistry
 from workers.gate import BackgroundGate
+from workers.memgate import MemoryGate, MemoryGateWatcher
 
 log = logging.getLogger("lanes.worker")
 
@@ -39,6 +40,12 @@ class WorkerContext:
         self.redis_url = redis_url
         self.cancels = CancelRegistry()
         self.gate = BackgroundGate(background_limit, background_queue) if background_queue else None
+        # The memory gate: with it, controllers may raise widths (fleets are sized from the ceiling).
+        self.memory = None
+        if settings.memory_gate_high is not None:
+            gate = MemoryGate(settings.memory_gate_high, settings.memory_gate_low)
+            if gate.enabled:
+                self.memory = MemoryGateWatcher(gate, [], in_flight=lambda: len(self.cancels)).start()
         self._runtime: Runtime | None = None
         self._lock = threading.Lock()
 
@@ -46,6 +53,7 @@ class WorkerContext:
         with self._lock:
             if self._runtime is None:
                 self._runtime = Runtime(self.settings, redis_url=self.redis_url)
+                self._runtime.start_steward()
             return self._runtime
 
     def close(self) -> None:
@@ -64,6 +72,10 @@ class ConsumerHandle(bootsteps.StartStopStep):
         gate = c.app.lanes_context.gate
         if gate is not None:
             gate.consumer = c
+        memory = c.app.lanes_context.memory
+        if memory is not None:
+            memory.queues = [queue.name for queue in c.task_consumer.queues]
+            memory.consumer = c
 
 
 def create_app(
@@ -78,6 +90,21 @@ def create_app(
     context = WorkerContext(settings, redis_url, background_limit=background_limit, background_queue=background_queue)
     app.lanes_context = context
     app.steps["consumer"].add(ConsumerHandle)
+
+    # The width follower and control loop start with the worker, not with its
+    # first task: a freshly (re)started worker must bring lanes to the width
+    # authority's width even while no work arrives.
+    @signals.worker_ready.connect(weak=False)
+    def _start_steward(**_) -> None:
+        # On a thread of its own: building the runtime reads the catalog, and
+        # the worker must not wait for that before it answers.
+        threading.Thread(target=_build_runtime, name="lanes-runtime-start", daemon=True).start()
+
+    def _build_runtime() -> None:
+        try:
+            context.runtime()
+        except Exception:  # Redis or the catalog away: the first task retries the runtime
+            log.warning("could not start the width follower", exc_info=True)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _cancel_waits(**_) -> None:

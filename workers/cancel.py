@@ -44,6 +44,10 @@ class CancelRegistry:
                 self._watcher.start()
         return item
 
+    def __len__(self) -> int:
+        """How many tasks are registered now (the worker's in-flight count)."""
+        return len(self._items)
+
     def unregister(self, task_id: str) -> None:
         with self._lock:
             self._items.pop(task_id, None)

@@ -38,12 +38,21 @@ def fleet_names(table: RoutingTable) -> list[str]:
     return sorted({route.fleet or HOSTED_FLEET for route in table.workflows.values() if route.candidates})
 
 
+def fleet_width(pool) -> int:
+    """The most slots the pool's lane can have: its ceiling while a controller
+    may move the width (the fleet must be able to fill whatever it learns),
+    else exactly its configured width."""
+    from lanes.pools import running_kinds
+
+    return pool.ceiling if running_kinds(pool) else pool.width
+
+
 def plan_fleet(table: RoutingTable, fleet: str, settings: Settings) -> FleetPlan:
     known = fleet_names(table)
     if fleet not in known:
         raise InvalidInput(f"unknown fleet {fleet!r} (known: {', '.join(known) or 'none; apply a catalog first'})")
     pool = table.pools.get(fleet)
-    width = pool.width if pool is not None else settings.fleet_min_workers
+    width = fleet_width(pool) if pool is not None else settings.fleet_min_workers
     concurrency = min(settings.fleet_max_workers, max(settings.fleet_min_workers, width * settings.workers_per_lane))
     foreground, background = fleet_queues(fleet)
     return FleetPlan(

@@ -125,7 +125,27 @@ def priority(value: Any) -> str:
     raise ValueError(f"{show(value)} is not a priority (known: {labels})")
 
 
-def controller(path: str, value: dict[str, Any]) -> list[str]:
+def controller(path: str, value: Any) -> list[str]:
+    """Problems of a pool's ``controller``: one table, or a list of tables of distinct kinds."""
+    if isinstance(value, list):
+        if not value:
+            return [f"{path}: [] is empty; write {{kind = \"off\"}} for no controller"]
+        found, seen = [], set()
+        for index, entry in enumerate(value):
+            found.extend(_one_controller(f"{path}[{index}]", entry))
+            kind = entry.get("kind") if isinstance(entry, dict) else None
+            if isinstance(kind, str) and kind in seen:
+                found.append(f"{path}[{index}].kind: {kind!r} is named twice; each kind runs once per pool")
+            seen.add(kind)
+        if controllers.OFF in seen and len(value) > 1:
+            found.append(f"{path}: 'off' cannot be combined with other controllers; remove it or the others")
+        return found
+    return _one_controller(path, value)
+
+
+def _one_controller(path: str, value: Any) -> list[str]:
+    if not isinstance(value, dict):
+        return [f"{path}: {show(value)} is not a table with a kind"]
     kind = value.get("kind")
     if "kind" not in value:
         return [f"{path}.kind: missing; say which controller (known: {', '.join(controllers.KINDS)})"]

@@ -39,7 +39,8 @@ class PoolIn(_Item):
     width: Annotated[StrictInt, AfterValidator(checks.at_least(1, "a width"))]
     floor: Annotated[StrictInt, AfterValidator(checks.at_least(1, "a floor"))] = 1
     ceiling: Annotated[StrictInt, AfterValidator(checks.at_least(1, "a ceiling"))] | None = None
-    controller: dict[str, Any] = Field(default_factory=lambda: {"kind": "off"})
+    # One controller table, or a list of them (composed by veto).
+    controller: dict[str, Any] | list[dict[str, Any]] = Field(default_factory=lambda: {"kind": "off"})
     metrics_url: Annotated[StrictStr, AfterValidator(checks.url)] | None = None
     enabled: StrictBool = True
     previous_names: list[Name] = Field(default_factory=list)
@@ -238,8 +239,7 @@ def _a(word: str) -> str:
 def _normalise(items: dict[str, list[tuple[int, _Item]]]) -> CatalogDocument:
     pools = []
     for _, pool in items["pools"]:
-        kind = pool.controller["kind"]
-        params = {k: v for k, v in pool.controller.items() if k != "kind"}
+        kind, params = controllers.stored(pool.controller)
         pools.append(
             PoolSpec(
                 name=pool.name,
@@ -247,7 +247,7 @@ def _normalise(items: dict[str, list[tuple[int, _Item]]]) -> CatalogDocument:
                 floor=pool.floor,
                 ceiling=pool.ceiling if pool.ceiling is not None else max(pool.width, pool.floor),
                 controller_kind=kind,
-                controller_params=controllers.normalise(params, kind),
+                controller_params=params,
                 metrics_url=pool.metrics_url,
                 enabled=pool.enabled,
                 previous_names=tuple(pool.previous_names),

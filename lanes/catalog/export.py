@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy.engine import Engine
 
+from lanes.catalog import controllers
 from lanes.catalog.document import CatalogDocument
 from lanes.catalog.engine import database_errors, reading
 from lanes.catalog.state import CatalogState, read_state
@@ -30,7 +31,7 @@ def to_document(catalog: CatalogDocument) -> dict:
                 "ceiling": p.ceiling,
                 "enabled": p.enabled,
                 "metrics_url": p.metrics_url,
-                "controller": {"kind": p.controller_kind, **p.controller_params},
+                "controller": controllers.file_form(p.controller_kind, p.controller_params),
                 "previous_names": list(p.previous_names),
             }
             for p in catalog.pools

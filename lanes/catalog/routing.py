@@ -12,6 +12,7 @@ from typing import Literal
 
 from sqlalchemy.engine import Engine
 
+from lanes.catalog import controllers
 from lanes.catalog.export import read_catalog
 from lanes.catalog.version import CatalogStamp, catalog_stamp
 from lanes.priority import Priority
@@ -24,10 +25,12 @@ class PoolInfo:
     width: int
     floor: int
     ceiling: int
-    controller: dict = field(hash=False)  # {"kind": ..., **parameters}
+    controller: dict | list = field(hash=False)  # as in a catalog file: {"kind": ..., **parameters} or a list
     metrics_url: str | None
     enabled: bool
     previous_names: tuple[str, ...]
+    # kind -> parameters of every controller in effect ({} when off)
+    controllers: dict = field(hash=False, default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,12 @@ def load_routing(engine: Engine) -> RoutingTable:
             width=row.spec.width,
             floor=row.spec.floor,
             ceiling=row.spec.ceiling,
-            controller={"kind": row.spec.controller_kind, **row.spec.controller_params},
+            controller=controllers.file_form(row.spec.controller_kind, row.spec.controller_params),
             metrics_url=row.spec.metrics_url,
             enabled=row.spec.enabled,
             previous_names=row.spec.previous_names,
+            controllers={kind: dict(row.spec.controller_params.get(kind, {}))
+                         for kind in controllers.kinds_of(row.spec.controller_kind)},
         )
         for name, row in state.pools.items()
     }

@@ -161,9 +161,12 @@ def export(settings, format_: str, output: Path | None) -> None:
         click.echo(f"wrote {output}", err=True)
 
 
-def _controller(controller: dict) -> str:
-    params = ", ".join(f"{k}={v}" for k, v in controller.items() if k != "kind")
-    return controller["kind"] + (f" ({params})" if params else "")
+def _controller(controller: dict | list) -> str:
+    def one(entry: dict) -> str:
+        params = ", ".join(f"{k}={v}" for k, v in entry.items() if k != "kind")
+        return entry["kind"] + (f" ({params})" if params else "")
+
+    return " + ".join(one(entry) for entry in (controller if isinstance(controller, list) else [controller]))
 
 
 def _as_json(table) -> dict:

@@ -11,10 +11,18 @@ from lanes.priority import Priority
 from lanes.redis_conn import connect, eviction_warning, resolve_redis_url
 
 
-def _lane(settings, client, pool):
-    from lanes.routing.runtime import pool_lane
+def _authority(settings, client):
+    from lanes.control.store import ControlStore
+    from lanes.namespace import Namespace
+    from lanes.pools import WidthAuthority
 
-    return pool_lane(client, settings, pool)
+    return WidthAuthority(ControlStore(client, Namespace(settings.key_prefix)))
+
+
+def _lane(settings, client, pool):
+    from lanes.pools import pool_lane
+
+    return pool_lane(client, settings, pool, width=lambda: _authority(settings, client).width(pool))
 
 
 def _ms(seconds) -> float | None:
@@ -35,17 +43,27 @@ def command(ctx, as_json) -> None:
 @pass_settings
 def show(settings, as_json) -> None:
     """Show every pool's lane as all workers see it."""
+    from lanes.pools import learned_applies, running_kinds
+
     table = load_routing(open_catalog(settings, create=False))
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         warning = eviction_warning(client)
+        authority = _authority(settings, client)
         rows = []
         for pool in sorted(table.pools.values(), key=lambda p: p.name):
             stats = _lane(settings, client, pool).stats()
+            state = authority.state(pool)
             rows.append({
                 "pool": pool.name,
                 "configured_width": pool.width,
                 "width": stats.width if stats.exists else pool.width,
+                "authority_width": authority.width(pool),
+                "floor": pool.floor,
+                "ceiling": pool.ceiling,
+                "controllers": running_kinds(pool),
+                # The loop's last decision, each controller's proposal, the signals it read.
+                "control": state.as_dict() if learned_applies(pool, state) else None,
                 "in_flight": stats.in_flight,
                 "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
                 "mean_hold_ms": _ms(stats.mean_hold_seconds),
@@ -67,12 +85,40 @@ def show(settings, as_json) -> None:
         "lanes",
         ["pool", "width", "in flight", "queued i/u/b", "mean hold ms", "wait p50 ms", "wait p95 ms", "grants", "timeouts"],
         [
-            [r["pool"], r["width"], r["in_flight"],
+            [r["pool"], _width_text(r), r["in_flight"],
              "/".join(str(r["queued"][p.label]) for p in Priority),
              r["mean_hold_ms"], r["wait_p50_ms"], r["wait_p95_ms"], r["grants"], r["timeouts"]]
             for r in rows
         ],
     )
+    controlled = [r for r in rows if r["controllers"]]
+    if controlled:
+        emit_table(
+            "controllers",
+            ["pool", "configured", "width", "floor..ceiling", "controller", "decision", "reason"],
+            [
+                [r["pool"], r["configured_width"], r["width"], f"{r['floor']}..{r['ceiling']}", kind,
+                 _proposal(r, kind)[0], _proposal(r, kind)[1]]
+                for r in controlled for kind in sorted(r["controllers"])
+            ],
+        )
+
+
+def _width_text(row: dict) -> str:
+    """The live width, and the configured one when a controller moved it."""
+    if row["width"] == row["configured_width"]:
+        return str(row["width"])
+    return f"{row['width']} (configured {row['configured_width']})"
+
+
+def _proposal(row: dict, kind: str) -> tuple[str, str]:
+    control = row["control"]
+    if control is None:
+        return "starting", f"from the configured width {row['configured_width']}"
+    proposal = (control.get("proposals") or {}).get(kind)
+    if proposal is None:
+        return control.get("decision") or "-", control.get("reason") or ""
+    return proposal["decision"], proposal["reason"]
 
 
 @command.command(name="set-width")
@@ -80,10 +126,12 @@ def show(settings, as_json) -> None:
 @click.argument("width", type=int)
 @pass_settings
 def set_width(settings, name, width) -> None:
-    """Set pool NAME's width to WIDTH: in the catalog, and on its live lane at once.
+    """Set pool NAME's configured width to WIDTH: in the catalog, and on its live lane at once.
 
-    Holders are never revoked on a shrink (they drain); on a growth waiters
-    are granted immediately.
+    The live lane goes through the width authority: with the pool's
+    controllers off it runs at WIDTH; with a controller on, WIDTH is where
+    the controllers start again. Holders are never revoked on a shrink (they
+    drain); on a growth waiters are granted immediately.
     """
     from lanes.catalog import set_pool_width
 
@@ -93,10 +141,12 @@ def set_width(settings, name, width) -> None:
     pool = set_pool_width(engine, name, width)
     client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
-        _lane(settings, client, pool).resize(width)
+        lane = _lane(settings, client, pool)
+        _authority(settings, client).sync(pool, lane)
+        live = lane.stats()
     finally:
         client.close()
-    click.echo(f"pool {name}: width {width}")
+    click.echo(f"pool {name}: width {width}" + (f" (live lane {live.width})" if live.exists and live.width != width else ""))
 
 
 @command.command()

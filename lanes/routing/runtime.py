@@ -1,7 +1,10 @@
 """What one process needs to route: a fresh view of the catalog, one lane per
 pool, the shared breakers, the event log, the backend client and traces.
 
-Built lazily and shared by every worker thread of a process.
+Built lazily and shared by every worker thread of a process. Lane widths come
+from the one width authority (:mod:`lanes.pools`): a lane is (re)created at
+the authority's width, and a changed catalog is followed through it, never
+by writing the catalog width over a learned one.
 """
 
 from __future__ import annotations
@@ -12,32 +15,22 @@ import redis
 
 from lanes.catalog import PoolInfo, RoutingTable, WorkflowRoute, open_catalog
 from lanes.clock import Clock, SystemClock
+from lanes.control.observer import ControlObserver
+from lanes.control.store import ControlStore
 from lanes.errors import InvalidInput
 from lanes.lane import Lane
+from lanes.namespace import Namespace
+from lanes.pools import WidthAuthority, lane_key, pool_lane, running_kinds
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.backend import BackendClient
 from lanes.routing.breaker import Breakers
 from lanes.routing.events import EventLog
+from lanes.routing.observers import Observer
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
 from lanes.settings import Settings
 
-
-def lane_key(pool: PoolInfo) -> str:
-    """Lanes are keyed by the pool's stable id: a rename keeps the same lane."""
-    return f"pool:{pool.id}"
-
-
-def pool_lane(client: redis.Redis, settings: Settings, pool: PoolInfo, *, width=None) -> Lane:
-    """The lane of ``pool``, as every process of this deployment sees it."""
-    return Lane(
-        client,
-        lane_key(pool),
-        width=width if width is not None else pool.width,
-        prefix=settings.key_prefix,
-        lease_seconds=settings.lease_seconds,
-        renew_seconds=settings.renew_interval,
-    )
+__all__ = ["Runtime", "lane_key", "pool_lane", "provision_lanes"]
 
 
 def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable) -> list[str]:
@@ -48,7 +41,11 @@ def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable
     back through its quiet period, which is what happens without this call.
     Returns the names of the pools whose lanes were created.
     """
-    return [pool.name for pool in table.pools.values() if pool_lane(client, settings, pool).provision()]
+    authority = WidthAuthority(ControlStore(client, Namespace(settings.key_prefix)))
+    return [
+        pool.name for pool in table.pools.values()
+        if pool_lane(client, settings, pool, width=authority.width(pool)).provision()
+    ]
 
 
 class Runtime:
@@ -72,9 +69,14 @@ class Runtime:
         )
         self.traces = TraceStore(self.client, prefix=settings.key_prefix, ttl_seconds=settings.result_ttl_seconds)
         self.backend = BackendClient()
+        self.control = ControlStore(self.client, Namespace(settings.key_prefix))
+        self.authority = WidthAuthority(self.control)
+        # Everything that wants to hear how each backend call ended (walker -> observers).
+        self.observers: list[Observer] = [ControlObserver(self)]
         self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_widths)
         self._lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}
+        self._steward = None
 
     # --- catalog -----------------------------------------------------------
 
@@ -85,17 +87,41 @@ class Runtime:
     def workflow(self, name: str) -> WorkflowRoute:
         return self.catalog.workflow(name)
 
-    def _pool_width(self, pool_id: int) -> int:
+    def pool_by_id(self, pool_id: int) -> PoolInfo:
         for pool in self.table().pools.values():
             if pool.id == pool_id:
-                return pool.width
+                return pool
         raise InvalidInput(f"pool id {pool_id} is no longer in the catalog")
+
+    def _pool_width(self, pool_id: int) -> int:
+        """The width a lane is (re)created at: the authority's, never the bare catalog's."""
+        return self.authority.width(self.pool_by_id(pool_id))
 
     def _follow_widths(self, table: RoutingTable) -> None:
         for pool in table.pools.values():
             lane = self._lanes.get(pool.id)
-            if lane is not None and lane.stats().width != pool.width:
-                lane.resize(pool.width)
+            if lane is not None:
+                self.authority.sync(pool, lane)
+
+    # --- control -----------------------------------------------------------
+
+    def control_generation(self, pool: PoolInfo) -> int | None:
+        """Called by the walker right after a permit on ``pool``'s lane is granted:
+        counts the admission and returns the controller generation it is under."""
+        if not running_kinds(pool):
+            return None
+        return self.control.admit(pool.id)
+
+    def start_steward(self, *, follow_seconds: float = 0.5, memory_gated: bool | None = None):
+        """Start this process's width follower and control loop (see :mod:`lanes.control.steward`)."""
+        from lanes.control.steward import Steward
+
+        if self._steward is None:
+            high, low = self.settings.memory_gate_high, self.settings.memory_gate_low
+            # The same test as the worker's gate (workers/memgate.py): nonsensical marks are no gate.
+            gated = (high is not None and (low is None or low < high)) if memory_gated is None else memory_gated
+            self._steward = Steward(self, follow_seconds=follow_seconds, memory_gated=gated).start()
+        return self._steward
 
     # --- lanes -------------------------------------------------------------
 
@@ -113,6 +139,9 @@ class Runtime:
         return lane
 
     def close(self) -> None:
+        if self._steward is not None:
+            self._steward.stop()
+            self._steward = None
         self.events.close()
         self.backend.close()
         for lane in self._lanes.values():

@@ -31,6 +31,7 @@ from lanes.errors import (
     LeaseLost,
 )
 from lanes.priority import Priority
+from lanes.routing.observers import Attempt, notify_attempt
 from lanes.routing.request import RouteRequest
 from lanes.routing.trace import Trace
 
@@ -166,7 +167,7 @@ class Walker:
         return permit
 
     def _call(self, model, request, permit, trace) -> dict | None:
-        """Call the backend holding ``permit``; always release it."""
+        """Call the backend holding ``permit``; always release it, then tell the observers."""
         rt = self.rt
         pool_name = model.pool.name if model.pool else None
         admitted_at = rt.clock.now().timestamp()
@@ -175,13 +176,20 @@ class Walker:
         if request.deadline is not None:
             timeout = min(timeout, request.deadline - admitted_at)
         started = time.monotonic()
+        ended = {"outcome": "failed", "status": None, "ttft_seconds": None}
+        generation = None
         try:
+            if permit is not None:
+                generation = rt.control_generation(model.pool)
             answer = rt.backend.call(model, request.payload, timeout=timeout,
                                      abort=permit.lost if permit is not None else None)
+            ended.update(outcome="served", ttft_seconds=answer.ttft_seconds)
         except LeaseLost as exc:
+            ended["outcome"] = "lease_lost"
             trace.step(model.name, pool_name, "lease_lost", reason=str(exc), **waited)
             return None
         except BackendError as exc:
+            ended.update(outcome="rejected" if exc.request_rejected else "failed", status=exc.status)
             if not exc.request_rejected:
                 rt.breakers.record(model.name, ok=False)
             trace.step(model.name, pool_name, "failed", reason=str(exc), status=exc.status,
@@ -192,6 +200,12 @@ class Walker:
         finally:
             if permit is not None:
                 permit.release()
+            notify_attempt(rt.observers, Attempt(
+                workflow=request.workflow, model=model.name, pool=pool_name,
+                pool_id=model.pool.id if model.pool else None, priority=request.priority,
+                call_seconds=time.monotonic() - started, generation=generation, task_id=request.task_id,
+                wait_seconds=permit.waited_seconds if permit is not None else None, **ended,
+            ))
         rt.breakers.record(model.name, ok=True)
         trace.step(
             model.name, pool_name, "served", admitted_at=admitted_at, call_ms=_ms(answer.seconds),

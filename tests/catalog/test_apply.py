@@ -58,7 +58,7 @@ def test_one_changed_width_is_one_update_and_one_version_bump(engine):
     apply_document(engine, example())
     document = example()
     document["pools"][3]["width"] = 12
-    document["pools"][3]["controller"] = {"kind": "overload", "step": 2}
+    document["pools"][3]["controller"] = {"kind": "overload", "cut_factor": 0.5}
 
     changes = apply_document(engine, document)
 
@@ -67,7 +67,10 @@ def test_one_changed_width_is_one_update_and_one_version_bump(engine):
     pool = load_routing(engine).pools["aifarm-embedder"]
     assert pool.width == 12
     # Defaults are filled in, so the catalog shows the settings in effect.
-    assert pool.controller == {"kind": "overload", "step": 2, "backoff": 0.5, "interval_seconds": 30.0}
+    assert pool.controller == {"kind": "overload", "cut_factor": 0.5, "growth_factor": 1.5,
+                               "interval_seconds": 5.0, "probe_fraction": 0.05, "statuses": [529]}
+    assert pool.controllers == {"overload": {"cut_factor": 0.5, "growth_factor": 1.5, "interval_seconds": 5.0,
+                                             "probe_fraction": 0.05, "statuses": [529]}}
 
 
 def test_without_prune_unnamed_rows_stay_and_with_prune_they_go(engine):
@@ -124,7 +127,7 @@ def test_a_pool_renamed_through_previous_names_keeps_its_id(engine):
 def test_an_export_reapplies_as_a_no_op(engine, fmt):
     apply_document(engine, example())
     document = example()
-    document["pools"][0]["controller"] = {"kind": "latency", "ttft_budget_ms": 900}
+    document["pools"][0]["controller"] = [{"kind": "vllm", "scrape_seconds": 3}, {"kind": "overload", "statuses": [429, 529]}]
     document["pools"][0]["metrics_url"] = "http://127.0.0.1:8700/metrics"
     apply_document(engine, document)
     before = snapshot(engine)

@@ -80,7 +80,7 @@ def test_db_upgrade_current_and_downgrade(lanes):
 
     upgraded = lanes("db", "upgrade", "fleet@head")
     assert "Running upgrade fleet_0002 -> fleet_0003" in upgraded.output
-    assert "fleet: fleet_0003 (at head)" in upgraded.output
+    assert "fleet: fleet_0004 (at head)" in upgraded.output
 
     downgraded = lanes("db", "downgrade", "fleet@base")
     assert downgraded.exit_code == 0 and "fleet: - (opt-in" in downgraded.output

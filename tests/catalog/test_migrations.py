@@ -17,7 +17,10 @@ from lanes.catalog import make_engine, migrate, open_catalog
 from lanes.catalog.version import catalog_version
 from tests.catalog.conftest import snapshot
 
-DATA_REVISIONS = [("fleet_0001", "fleet@base"), ("fleet_0002", "fleet_0001"), ("fleet_0003", "fleet_0002")]
+DATA_REVISIONS = [("fleet_0001", "fleet@base"), ("fleet_0002", "fleet_0001"), ("fleet_0003", "fleet_0002"),
+                  ("fleet_0004", "fleet_0003")]
+LEGACY_CONTROLLER = """UPDATE pools SET controller_kind = 'vllm_gauges',
+    controller_params = '{"target_waiting": 2, "interval_seconds": 10.0}' WHERE name = 'aifarm-embedder'"""
 
 
 def test_upgrading_to_heads_then_downgrading_to_base_leaves_only_alembics_table(db_url):
@@ -44,6 +47,10 @@ def test_each_data_revision_down_after_up_restores_every_row_and_id(db_url):
                 # A change made after the fleet landed must survive up then down.
                 with engine.begin() as conn:
                     conn.execute(sa.text("UPDATE pools SET width = 3, ceiling = 5 WHERE name = 'asr'"))
+            if revision == "fleet_0004":
+                # A row written under the old controller kinds is what it converts.
+                with engine.begin() as conn:
+                    conn.execute(sa.text(LEGACY_CONTROLLER))
             before = snapshot(engine)
             migrate.upgrade(db_url, revision)
             assert snapshot(engine) != before, f"{revision} changed nothing"
@@ -139,7 +146,25 @@ def test_plain_alembic_from_the_repository_root(tmp_path):
 
     assert alembic("-x", f"url={url}", "upgrade", "fleet@head").returncode == 0
     current = alembic("-x", f"url={url}", "current")
-    assert current.returncode == 0 and "fleet_0003" in current.stdout
+    assert current.returncode == 0 and "fleet_0004" in current.stdout
+
+
+def test_the_controllers_revision_converts_legacy_rows_to_the_new_kinds(db_url):
+    migrate.upgrade(db_url, "fleet_0003")
+    engine = make_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(sa.text(LEGACY_CONTROLLER))
+        migrate.upgrade(db_url, "fleet_0004")
+        from lanes.catalog import load_routing
+
+        pool = load_routing(engine).pools["aifarm-embedder"]
+        assert list(pool.controllers) == ["vllm"]
+        assert pool.controllers["vllm"]["waiting_threshold"] == 2
+        assert pool.controllers["vllm"]["interval_seconds"] == 10.0
+        assert pool.controllers["vllm"]["scrape_seconds"] == 12.0
+    finally:
+        engine.dispose()
 
 
 def test_catalogs_opened_from_many_threads_at_once_all_reach_head(make_settings):

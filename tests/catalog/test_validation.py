@@ -89,13 +89,21 @@ BAD = {
     ),
     "unknown controller parameter": (
         edit("pools[1].controller", {"kind": "overload", "gain": 2}),
-        "pools[1].controller.gain: 2 is not a parameter of controller 'overload' (known: backoff,",
+        "pools[1].controller.gain: 2 is not a parameter of controller 'overload' (known: cut_factor,",
     ),
     "controller parameter out of range": (
-        edit("pools[1].controller", {"kind": "overload", "backoff": 1.5}),
-        "pools[1].controller.backoff: 1.5 is outside (0, 1]",
+        edit("pools[1].controller", {"kind": "overload", "cut_factor": 1.5}),
+        "pools[1].controller.cut_factor: 1.5 is outside (0, 1]",
     ),
-    "controller without a kind": (edit("pools[1].controller", {"step": 1}), "pools[1].controller.kind: missing"),
+    "one controller kind twice": (
+        edit("pools[1].controller", [{"kind": "vllm"}, {"kind": "vllm"}]),
+        "pools[1].controller[1].kind: 'vllm' is named twice",
+    ),
+    "a bad status in a list": (
+        edit("pools[1].controller", [{"kind": "vllm"}, {"kind": "overload", "statuses": [529, 700]}]),
+        "pools[1].controller[1].statuses: 700 in [529, 700] is not an integer within [100, 599]",
+    ),
+    "controller without a kind": (edit("pools[1].controller", {"cut_factor": 1}), "pools[1].controller.kind: missing"),
     "base URL without a scheme": (
         edit("models[0].base_url", "127.0.0.1:8700/v1"),
         "models[0].base_url: '127.0.0.1:8700/v1' is not an http(s) URL with a host",

@@ -87,6 +87,7 @@ class Deployment:
     client: LanesClient
     workers: dict[str, subprocess.Popen] = field(default_factory=dict)
     owns_sim: bool = True
+    extra_env: dict[str, str] = field(default_factory=dict)  # more LANES_* settings for the workers
 
     @property
     def env(self) -> dict[str, str]:
@@ -99,6 +100,7 @@ class Deployment:
             LANES_EVENTS_ENABLED=str(self.settings.events_enabled).lower(),
             LANES_WORKERS_PER_LANE=str(self.settings.workers_per_lane),
         )
+        env.update(self.extra_env)
         return env
 
     def client_events(self, **filters):
@@ -160,7 +162,8 @@ class Deployment:
 
 
 def deploy(state_dir: Path, redis_url: str, document: dict, sim_models, fleets,
-           *, lease_seconds: float = 10.0, **settings_overrides) -> Deployment:
+           *, lease_seconds: float = 10.0, extra_env: dict[str, str] | None = None,
+           **settings_overrides) -> Deployment:
     """Apply ``document`` (with ``{sim}`` in base URLs), start the simulator and the fleets' workers.
 
     ``sim_models`` is a list of SimModel (simulator in this process) or a RemoteSim.
@@ -183,7 +186,7 @@ def deploy(state_dir: Path, redis_url: str, document: dict, sim_models, fleets,
     apply_document(engine, document)
     provision_lanes(redis.Redis.from_url(redis_url), settings, load_routing(engine))
     deployment = Deployment(settings, redis_url, sim, LanesClient(settings, redis_url=redis_url),
-                            owns_sim=not isinstance(sim_models, RemoteSim))
+                            owns_sim=not isinstance(sim_models, RemoteSim), extra_env=dict(extra_env or {}))
     try:
         for fleet in fleets:
             deployment.start_worker(fleet)

@@ -1,0 +1,105 @@
+"""The one width authority: the width each pool's lane must run at, decided here only.
+
+- Every controller of the pool off: exactly the configured width ("off means
+  off"; turning the last controller off restores it at the next follow).
+- Otherwise: the width the pool's control loop learned (kept in Redis,
+  :mod:`lanes.control.store`) within [floor, ceiling], where the configured
+  width is only where it starts. A learned width counts only while it was
+  learned under the pool's present configuration (same configured width,
+  same controllers): an operator who sets a width (``catalog apply``,
+  ``pools set-width``, a data revision) restarts the controllers from it.
+
+Everything that sizes a live lane asks this module: the width followers in
+every worker (:class:`lanes.control.steward.Steward`, within a second of a
+catalog or controller change, a freshly started worker included), the lane's
+own re-creation after Redis lost its state, ``lanes pools set-width``. The
+catalog width is never written over a learned one.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from lanes.catalog import PoolInfo
+from lanes.catalog.controllers import KINDS, OFF
+from lanes.control.store import ControlState, ControlStore
+from lanes.lane import Lane
+from lanes.settings import Settings
+
+log = logging.getLogger("lanes.control")
+
+
+def lane_key(pool: PoolInfo) -> str:
+    """Lanes are keyed by the pool's stable id: a rename keeps the same lane."""
+    return f"pool:{pool.id}"
+
+
+def running_kinds(pool: PoolInfo) -> dict[str, dict]:
+    """The controllers of ``pool`` that run (kind -> parameters); {} when off."""
+    return {kind: params for kind, params in pool.controllers.items() if kind in KINDS and kind != OFF}
+
+
+def kinds_text(pool: PoolInfo) -> str:
+    return ",".join(sorted(running_kinds(pool)))
+
+
+def learned_applies(pool: PoolInfo, state: ControlState | None) -> bool:
+    """Whether ``state`` was learned under the pool's present configuration."""
+    return (
+        state is not None
+        and state.width is not None
+        and state.configured == pool.width
+        and state.kinds == kinds_text(pool)
+    )
+
+
+def decide_width(pool: PoolInfo, state: ControlState | None) -> int:
+    """The width ``pool``'s lane must run at, given its controller state."""
+    if not running_kinds(pool):
+        return pool.width
+    if learned_applies(pool, state):
+        return max(pool.floor, min(pool.ceiling, state.width))
+    return max(pool.floor, min(pool.ceiling, pool.width))
+
+
+class WidthAuthority:
+    def __init__(self, store: ControlStore) -> None:
+        self.store = store
+
+    def state(self, pool: PoolInfo) -> ControlState | None:
+        return self.store.read(pool.id) if running_kinds(pool) else None
+
+    def width(self, pool: PoolInfo) -> int:
+        return decide_width(pool, self.state(pool))
+
+    def sync(self, pool: PoolInfo, lane: Lane) -> int | None:
+        """Bring ``lane`` to the authority's width if it differs; the new width, or None.
+
+        A lane with no state in Redis is left alone: it is created at the
+        authority's width (through its width callable) with its quiet period,
+        so a Redis restart under live holders never over-admits.
+        """
+        wanted = self.width(pool)
+        stats = lane.stats()
+        if not stats.exists or stats.width == wanted:
+            return None
+        lane.resize(wanted)
+        log.info("pool %s: lane width %d -> %d", pool.name, stats.width, wanted)
+        return wanted
+
+
+def pool_lane(client, settings: Settings, pool: PoolInfo, *, width=None) -> Lane:
+    """The lane of ``pool``, as every process of this deployment sees it.
+
+    ``width`` (an int or a callable) is only used when the lane's state must
+    be (re)created; pass the authority's, never the catalog's for a pool
+    under control.
+    """
+    return Lane(
+        client,
+        lane_key(pool),
+        width=width if width is not None else pool.width,
+        prefix=settings.key_prefix,
+        lease_seconds=settings.lease_seconds,
+        renew_seconds=settings.renew_interval,
+    )
