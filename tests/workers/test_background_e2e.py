@@ -92,6 +92,11 @@ def test_a_background_backlog_keeps_the_backend_at_its_width(make_fleet, workflo
     for result in backlog:
         assert result.get(timeout=60)["model"] == "m"
     assert backend(dep)["served"] == len(backlog)
+    # Served in the order submitted: a task can only be overtaken by the few
+    # delivered to other threads while it was on its way into the lane,
+    # never by the whole queue (nothing is handed back to its tail).
+    order = sorted(range(len(backlog)), key=lambda index: admitted_at(backlog[index]))
+    assert max(abs(rank - index) for rank, index in enumerate(order)) < 2 * width
 
 
 @pytest.mark.parametrize("width", [1, 2])
