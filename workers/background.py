@@ -18,12 +18,17 @@ the two may hold at once, so
 
 This replaces a gate that stopped and restarted consuming the background
 queue as its count crossed a limit (``cancel_task_queue`` /
-``add_task_queue``) and rejected messages that slipped in. On the Redis
-transport a re-added queue is only polled once the BRPOP already pending for
-the other queue returns, up to ``brpop_timeout`` (1 s) later, so after every
-pause the lane drained its parked background waiters and sat idle: a backlog
-ran at 0.3-0.5 of the backend's capacity (each resume was followed by 0.5-1 s
-without a new background task; measured, see docs/BENCHMARKS.md).
+``add_task_queue``) and rejected messages that slipped in (kombu puts a
+rejected message back at the tail). Measured (docs/BENCHMARKS.md):
+
+- on the Redis transport a re-added queue is polled only once the BRPOP
+  already pending for the other queue returns, up to ``brpop_timeout`` (1 s)
+  later: each resume was followed by 0.5-1 s without a new background task
+  while the lane's parked waiters drained in one service time;
+- the switches were posted with ``call_soon``, which kombu's hub keeps in a
+  set, so a pause and a resume posted in one loop turn ran in either order;
+  resume-then-pause left the queue cancelled with the gate open, and no
+  background task could ever start again on that worker.
 """
 
 from __future__ import annotations
