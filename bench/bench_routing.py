@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from lanes.embedded import EmbeddedRedis  # noqa: E402
 from routing_background import background_backlog, mixed_load  # noqa: E402
-from routing_setup import W, Bench, ClosedLoop, Plain, p, settle, wait_ready  # noqa: E402
+from routing_setup import CHAT, W, Bench, ClosedLoop, Plain, p, settle, wait_ready  # noqa: E402
 from tests.e2e.harness import RemoteSim  # noqa: E402
 
 
@@ -244,7 +244,11 @@ def main() -> int:
         url = server.ensure().rsplit("/", 1)[0]
         try:
             bench = Bench(url, work)
-            figures = {name: run(bench) for name, run in scenarios.items() if not args.only or name in args.only}
+            figures = {}
+            for name, run in scenarios.items():
+                if not args.only or name in args.only:
+                    figures[name] = run(bench)
+                    print(json.dumps({name: figures[name]}), flush=True)  # each scenario's figures as it ends
         finally:
             server.stop()
     print(json.dumps(figures, indent=2))
