@@ -75,6 +75,9 @@ class BackgroundConsumer(bootsteps.StartStopStep):
         channel = c.connection.channel()
         # Delivered and not yet acknowledged (tasks ack late): at most one
         # message per background thread; the rest wait in the queue, in order.
+        # A retry waiting out its countdown holds one of these until it runs
+        # (Celery lends the foreground consumer one more meanwhile), so the
+        # pool never has more work than threads.
         channel.basic_qos(prefetch_size=0, prefetch_count=self.queue.threads, apply_global=False)
         self.consumer = Consumer(
             channel,
