@@ -16,6 +16,11 @@ same machine (its own Redis server, the simulator in its own process):
    simulator's own running count averaged over the steady state / W.
    Target >= 0.95, and zero over-admission.
 4. events: routed throughput with routing events on vs off. Target >= 0.97x.
+5. background: a background backlog drained against the backend's ideal and
+   plain Celery; 6. mixed: interactive bursts during a background backlog
+   (both in routing_background.py). Target >= 0.95 of the ideal / of W.
+
+``--only background mixed`` runs some scenarios only.
 """
 
 from __future__ import annotations
@@ -24,104 +29,18 @@ import argparse
 import json
 import random
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
-
-from lanes.celery_client import make_celery  # noqa: E402
 from lanes.embedded import EmbeddedRedis  # noqa: E402
-from lanes.settings import Settings  # noqa: E402
-from tests.e2e.harness import RemoteSim, deploy  # noqa: E402
-
-PLAIN_TASK = "bench.plain_call"
-CHAT = {"messages": [{"role": "user", "content": "bench"}], "max_tokens": 1}
-W = 4
-
-
-def catalog(width: int) -> dict:
-    return {
-        "pools": [{"name": "p", "width": width, "ceiling": max(width, 64)}],
-        "models": [{"name": "m", "base_url": "{sim}", "pool": "p", "timeout_ms": 120_000}],
-        "workflows": [
-            {"name": "tool", "priority": "user_tool", "candidates": ["m"]},
-            {"name": "inter", "priority": "interactive", "candidates": ["m"]},
-            {"name": "bg", "priority": "background", "candidates": ["m"]},
-        ],
-    }
-
-
-class Bench:
-    def __init__(self, base_url: str, work: Path) -> None:
-        self.base_url = base_url
-        self.work = work
-        self._db = 0
-
-    def next_url(self) -> str:
-        self._db += 1
-        url = f"{self.base_url}/{self._db}"
-        redis.Redis.from_url(url).flushdb()
-        return url
-
-    def deploy(self, sim: RemoteSim, width: int, **settings):
-        return deploy(self.work / f"d{self._db + 1}", self.next_url(), catalog(width), sim, ["p"], **settings)
-
-    def plain(self, sim: RemoteSim, concurrency: int, queue: str = "plain") -> "Plain":
-        return Plain(self.next_url(), self.work, concurrency, queue)
-
-
-class Plain:
-    """The baseline: plain Celery tasks on one FIFO queue, calling the simulator."""
-
-    def __init__(self, redis_url: str, work: Path, concurrency: int, queue: str) -> None:
-        self.settings = Settings(state_dir=work / "plain", redis_url=redis_url)
-        self.app = make_celery(self.settings, redis_url, main="plain-client")
-        self.queue = queue
-        env = {"LANES_REDIS_URL": redis_url, "LANES_STATE_DIR": str(work / "plain"), "PATH": "/usr/bin:/bin"}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "plain_worker.py"), "--concurrency", str(concurrency), "--queue", queue],
-            env=env, cwd=ROOT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if self.app.control.ping(timeout=0.5):
-                return
-        raise RuntimeError("plain worker did not start")
-
-    def submit(self, sim: RemoteSim):
-        return self.app.send_task(PLAIN_TASK, args=[sim.base_url, "m", CHAT], queue=self.queue)
-
-    def close(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(30)
-        self.app.close()
-
-
-def wait_ready(results, timeout: float = 600.0, poll: float = 0.005) -> None:
-    deadline = time.monotonic() + timeout
-    pending = list(results)
-    while pending and time.monotonic() < deadline:
-        pending = [r for r in pending if not r.ready()]
-        if pending:
-            time.sleep(poll)
-    if pending:
-        raise RuntimeError(f"{len(pending)} tasks did not finish")
-    failed = [r for r in results if not r.successful()]
-    if failed:
-        raise RuntimeError(f"{len(failed)} tasks failed, e.g. {failed[0].result!r}")
-
-
-def p(values: list[float], q: int) -> float:
-    if len(values) < 2:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
+from routing_background import background_backlog, mixed_load  # noqa: E402
+from routing_setup import CHAT, W, Bench, ClosedLoop, Plain, p, settle, wait_ready  # noqa: E402
+from tests.e2e.harness import RemoteSim  # noqa: E402
 
 
 # --- 1. throughput -----------------------------------------------------------------------
@@ -172,28 +91,6 @@ def throughput(bench: Bench, n: int, rounds: int) -> dict:
 # --- 2. priority --------------------------------------------------------------------------
 
 
-class ClosedLoop:
-    """``clients`` threads, each submitting one task and waiting for it, again and again."""
-
-    def __init__(self, submit, clients: int) -> None:
-        self._submit = submit
-        self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
-        for t in self._threads:
-            t.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            result = self._submit()
-            while not self._stop.is_set() and not result.ready():
-                time.sleep(0.02)
-
-    def stop(self) -> None:
-        self._stop.set()
-        for t in self._threads:
-            t.join(30)
-
-
 def routed_admission(dep, samples: int, rng: random.Random) -> list[float]:
     delays = []
     for _ in range(samples):
@@ -215,12 +112,6 @@ def plain_admission(plain: Plain, sim: RemoteSim, samples: int, rng: random.Rand
         wait_ready([result], poll=0.002)
         delays.append(result.result["started_at"] - sent)
     return delays
-
-
-def settle(sim: RemoteSim, predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not predicate(sim.stats()["m"]):
-        time.sleep(0.05)
 
 
 def priority(bench: Bench, samples: int) -> dict:
@@ -327,12 +218,25 @@ def events_overhead(bench: Bench, n: int, rounds: int) -> dict:
     }
 
 
+SCENARIOS = ("throughput", "priority", "utilisation", "events", "background", "mixed")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="small sizes, one round: proves the benchmark runs")
     parser.add_argument("--json", type=Path, help="also write the figures to this file")
+    parser.add_argument("--only", nargs="+", choices=SCENARIOS, help="run only these scenarios")
     args = parser.parse_args()
     n, rounds, samples, seconds = (40, 1, 8, 3.0) if args.smoke else (400, 3, 60, 12.0)
+    backlogs = {50: 40, 200: 16} if args.smoke else {50: 400, 200: 100}
+    scenarios = {
+        "throughput": lambda bench: throughput(bench, n, rounds),
+        "priority": lambda bench: priority(bench, samples),
+        "utilisation": lambda bench: utilisation(bench, seconds),
+        "events": lambda bench: events_overhead(bench, n, rounds),
+        "background": lambda bench: background_backlog(bench, backlogs),
+        "mixed": lambda bench: mixed_load(bench, samples // 2, seconds),
+    }
 
     with tempfile.TemporaryDirectory(prefix="lanes-bench-") as tmp:
         work = Path(tmp)
@@ -340,12 +244,11 @@ def main() -> int:
         url = server.ensure().rsplit("/", 1)[0]
         try:
             bench = Bench(url, work)
-            figures = {
-                "throughput": throughput(bench, n, rounds),
-                "priority": priority(bench, samples),
-                "utilisation": utilisation(bench, seconds),
-                "events": events_overhead(bench, n, rounds),
-            }
+            figures = {}
+            for name, run in scenarios.items():
+                if not args.only or name in args.only:
+                    figures[name] = run(bench)
+                    print(json.dumps({name: figures[name]}), flush=True)  # each scenario's figures as it ends
         finally:
             server.stop()
     print(json.dumps(figures, indent=2))

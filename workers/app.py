@@ -11,19 +11,18 @@ import logging
 import threading
 import time
 
-from celery import Celery, bootsteps, signals
+from celery import Celery, signals
 from celery.exceptions import Ignore, Reject
 
 from lanes.celery_client import ROUTE_TASK, make_celery
 from lanes.errors import AcquireCancelled, CandidatesExhausted, RedisUnavailable
-from lanes.priority import Priority
 from lanes.redis_conn import resolve_redis_url
 from lanes.routing.request import RouteRequest
 from lanes.routing.runtime import Runtime
 from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
+from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
-from workers.gate import BackgroundGate
 from workers.memgate import MemoryGate, MemoryGateWatcher
 
 log = logging.getLogger("lanes.worker")
@@ -35,11 +34,10 @@ RETRIES_WITHOUT_DEADLINE = 5
 class WorkerContext:
     """Per-process state shared by the worker's threads."""
 
-    def __init__(self, settings: Settings, redis_url: str, *, background_limit: int, background_queue: str | None) -> None:
+    def __init__(self, settings: Settings, redis_url: str) -> None:
         self.settings = settings
         self.redis_url = redis_url
         self.cancels = CancelRegistry()
-        self.gate = BackgroundGate(background_limit, background_queue) if background_queue else None
         # The memory gate: with it, controllers may raise widths (fleets are sized from the ceiling).
         self.memory = None
         if settings.memory_gate_high is not None:
@@ -63,33 +61,32 @@ class WorkerContext:
                 self._runtime = None
 
 
-class ConsumerHandle(bootsteps.StartStopStep):
-    """Hands the worker's consumer to the background gate."""
+class MemoryGateHandle(bootsteps.StartStopStep):
+    """Hands the worker's consumers (Celery's and the background one) to the memory gate."""
 
-    requires = {"celery.worker.consumer.tasks:Tasks"}
+    requires = {BackgroundConsumer}
 
     def start(self, c) -> None:
-        gate = c.app.lanes_context.gate
-        if gate is not None:
-            gate.consumer = c
         memory = c.app.lanes_context.memory
         if memory is not None:
-            memory.queues = [queue.name for queue in c.task_consumer.queues]
-            memory.consumer = c
+            memory.attach(c, background=c.blueprint.steps.get(BackgroundConsumer.name))
 
 
 def create_app(
     settings: Settings | None = None,
     *,
-    background_limit: int = 1,
-    background_queue: str | None = None,
+    background: BackgroundQueue | None = None,
 ) -> Celery:
+    """The worker app; with ``background``, its worker also consumes that
+    queue on a channel of its own (workers/background.py)."""
     settings = settings or load_settings()
     redis_url = resolve_redis_url(settings)
     app = make_celery(settings, redis_url, main="lanes-worker")
-    context = WorkerContext(settings, redis_url, background_limit=background_limit, background_queue=background_queue)
+    context = WorkerContext(settings, redis_url)
     app.lanes_context = context
-    app.steps["consumer"].add(ConsumerHandle)
+    app.lanes_background = background
+    app.steps["consumer"].add(BackgroundConsumer)
+    app.steps["consumer"].add(MemoryGateHandle)
 
     # The width follower and control loop start with the worker, not with its
     # first task: a freshly (re)started worker must bring lanes to the width
@@ -124,9 +121,6 @@ def create_app(
 
 
 def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
-    gated = request.priority is Priority.BACKGROUND and context.gate is not None
-    if gated and not context.gate.enter():
-        raise Reject("every background slot of this worker is taken", requeue=True)
     task_id = task.request.id
     cancellation = context.cancels.register(task_id)
     walker = None
@@ -150,8 +144,6 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             raise
     finally:
         context.cancels.unregister(task_id)
-        if gated:
-            context.gate.leave()
         if walker is not None and walker.trace is not None:
             try:
                 runtime.traces.save(walker.trace)

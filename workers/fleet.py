@@ -1,11 +1,17 @@
 """How many worker threads a fleet runs, and which queues they take.
 
 A fleet is one primary pool's Celery queues and workers, so one pool's
-backlog never blocks another pool's work. Its size follows the pool's width:
-``width x workers_per_lane``, clamped to the floor and cap, so a lane always
-has a waiter ready when a slot frees. One slot is kept from background work,
-so interactive work is never stuck in the Celery queue behind background
-tasks parked in lane waits.
+backlog never blocks another pool's work. Its worker has two sets of threads
+over one pool (see workers/background.py): one for the foreground queue
+(interactive and user-tool work) and one for the background queue. Each set
+is sized from the width the fleet must be able to fill, ``width x
+workers_per_lane`` clamped to the floor and cap but never below the width:
+
+- background work alone can hold every slot and park a waiter per slot, so
+  a freed slot is handed straight to the next background task;
+- foreground work always has a thread per slot whatever background work
+  holds, so urgent requests up to the width reach the lane at once, where
+  they go ahead of every background waiter.
 """
 
 from __future__ import annotations
@@ -22,16 +28,33 @@ from lanes.settings import Settings
 class FleetPlan:
     fleet: str
     width: int
-    concurrency: int
-    background_limit: int
+    foreground_threads: int
+    background_threads: int
     foreground_queue: str
     background_queue: str
 
     @property
+    def concurrency(self) -> int:
+        """Threads of the worker's pool: both sets."""
+        return self.foreground_threads + self.background_threads
+
+    @property
     def queues(self) -> tuple[str, str]:
-        # Order matters: with the "priority" queue order strategy a worker
-        # always drains the foreground queue first.
         return (self.foreground_queue, self.background_queue)
+
+    def worker_args(self) -> list[str]:
+        """The arguments of ``python -m workers.main`` that run this plan."""
+        return [
+            "--fleet", self.fleet,
+            "--foreground-threads", str(self.foreground_threads),
+            "--background-threads", str(self.background_threads),
+        ]
+
+    def describe(self) -> str:
+        return (
+            f"fleet {self.fleet}: width {self.width}; {self.foreground_threads} threads for {self.foreground_queue}, "
+            f"{self.background_threads} for {self.background_queue}"
+        )
 
 
 def fleet_names(table: RoutingTable) -> list[str]:
@@ -47,19 +70,40 @@ def fleet_width(pool) -> int:
     return pool.ceiling if running_kinds(pool) else pool.width
 
 
+def width_to_fill(table: RoutingTable, fleet: str, settings: Settings) -> int:
+    """The number of lane slots this fleet's threads must be able to fill.
+
+    The one place a fleet's size comes from: the primary pool's width, or its
+    ceiling while a controller may move the width (:func:`fleet_width`); a
+    fleet with no lane counts as a pool of the floor's width.
+    """
+    pool = table.pools.get(fleet)
+    return fleet_width(pool) if pool is not None else settings.fleet_min_workers
+
+
+def threads_per_queue(width: int, settings: Settings) -> int:
+    """Threads for each of the fleet's two queues.
+
+    ``workers_per_lane`` threads per slot keep a waiter ready in the lane for
+    each slot; the floor and cap bound that, but a queue never gets fewer
+    threads than the width, or it could not fill the lane on its own.
+    """
+    wanted = min(settings.fleet_max_workers, max(settings.fleet_min_workers, width * settings.workers_per_lane))
+    return max(width, wanted)
+
+
 def plan_fleet(table: RoutingTable, fleet: str, settings: Settings) -> FleetPlan:
     known = fleet_names(table)
     if fleet not in known:
         raise InvalidInput(f"unknown fleet {fleet!r} (known: {', '.join(known) or 'none; apply a catalog first'})")
-    pool = table.pools.get(fleet)
-    width = fleet_width(pool) if pool is not None else settings.fleet_min_workers
-    concurrency = min(settings.fleet_max_workers, max(settings.fleet_min_workers, width * settings.workers_per_lane))
+    width = width_to_fill(table, fleet, settings)
+    threads = threads_per_queue(width, settings)
     foreground, background = fleet_queues(fleet)
     return FleetPlan(
         fleet=fleet,
         width=width,
-        concurrency=concurrency,
-        background_limit=concurrency - 1,
+        foreground_threads=threads,
+        background_threads=threads,
         foreground_queue=foreground,
         background_queue=background,
     )

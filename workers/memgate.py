@@ -122,7 +122,10 @@ class MemoryGateWatcher:
     """Polls the gate on a thread and switches the worker's consumer off and on.
 
     The switch runs on the consumer's own loop (``call_soon``), the only
-    thread allowed to touch it, as :class:`workers.gate.BackgroundGate` does.
+    thread allowed to touch it. That loop keeps such callbacks in a set, so
+    two switches posted close together may run in either order: each posted
+    call therefore applies the latest wish (:meth:`_apply`), never "pause" or
+    "resume" as such, and whatever order they run in the last one wins.
     """
 
     def __init__(self, gate: MemoryGate, queues: list[str], in_flight: Callable[[], int], *,
@@ -132,6 +135,7 @@ class MemoryGateWatcher:
         self.in_flight = in_flight
         self.period = period
         self.consumer = None
+        self.background = None  # the worker's BackgroundConsumer step, switched with the rest
         self._paused = False
         self._stop = threading.Event()
 
@@ -146,14 +150,31 @@ class MemoryGateWatcher:
             except Exception:
                 log.warning("memory gate poll failed", exc_info=True)
 
+    def attach(self, consumer, *, background=None) -> None:
+        """Take the worker's consumer (its task queues) and its background consumer."""
+        self.queues = [queue.name for queue in consumer.task_consumer.queues]
+        self.background = background
+        self.consumer = consumer
+
     def poll(self) -> None:
         open_ = self.gate.update(self.in_flight())
         consumer = self.consumer
         if consumer is None or open_ != self._paused:
             return
         self._paused = not open_
+        consumer.call_soon(self._apply)
+
+    def _apply(self) -> None:
+        consumer, paused = self.consumer, self._paused
+        if consumer is None:
+            return
         for queue in self.queues:
-            consumer.call_soon(consumer.add_task_queue if open_ else consumer.cancel_task_queue, queue)
+            if paused:
+                consumer.cancel_task_queue(queue)
+            else:
+                consumer.add_task_queue(queue)
+        if self.background is not None:
+            self.background.pause() if paused else self.background.resume()
 
     def stop(self) -> None:
         self._stop.set()

@@ -37,19 +37,8 @@ class FleetSupervisor:
         return plan_fleet(load_routing(self.engine), self.fleet, self.settings)
 
     def _start(self, plan: FleetPlan) -> subprocess.Popen:
-        self.echo(
-            f"fleet {plan.fleet}: {plan.concurrency} worker threads for width {plan.width} "
-            f"(background at most {plan.background_limit}); queues {', '.join(plan.queues)}"
-        )
-        return subprocess.Popen(
-            [
-                sys.executable, "-m", "workers.main",
-                "--fleet", plan.fleet,
-                "--concurrency", str(plan.concurrency),
-                "--background-limit", str(plan.background_limit),
-                "--loglevel", self.loglevel,
-            ]
-        )
+        self.echo(plan.describe())
+        return subprocess.Popen([sys.executable, "-m", "workers.main", *plan.worker_args(), "--loglevel", self.loglevel])
 
     def _stop_child(self) -> None:
         child = self._child

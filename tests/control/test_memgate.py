@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workers.memgate import MemoryGate, cgroup_memory
+from workers.memgate import MemoryGate, MemoryGateWatcher, cgroup_memory
 
 
 class Source:
@@ -81,3 +81,42 @@ def test_cgroup_v1_is_the_fallback_and_no_limit_is_unknown(tmp_path):
     unlimited = write(tmp_path / "u", {"memory.current": "5", "memory.max": "max"})
     assert cgroup_memory(unlimited) is None
     assert cgroup_memory(tmp_path / "nothing") is None
+
+
+class LoopConsumer:
+    """Stands in for Celery's consumer loop only: it runs posted callbacks
+    when told, in the order given, as kombu's hub may."""
+
+    def __init__(self) -> None:
+        self.posted = []
+        self.consuming = {"lanes.p"}
+
+    class _TaskConsumer:
+        def __init__(self, names) -> None:
+            self.queues = [type("Q", (), {"name": n})() for n in names]
+
+    @property
+    def task_consumer(self):
+        return self._TaskConsumer(["lanes.p"])
+
+    def call_soon(self, fn, *args) -> None:
+        self.posted.append((fn, args))
+
+    def add_task_queue(self, name) -> None:
+        self.consuming.add(name)
+
+    def cancel_task_queue(self, name) -> None:
+        self.consuming.discard(name)
+
+
+def test_a_pause_and_a_resume_posted_together_end_in_the_latest_wish_whatever_order_they_run():
+    g, source = gate(0.95)
+    watcher = MemoryGateWatcher(g, [], in_flight=lambda: 4)
+    consumer = LoopConsumer()
+    watcher.attach(consumer)
+    watcher.poll()  # engages: a pause is posted
+    source.ratio = 0.1
+    watcher.poll()  # releases: a resume is posted before the pause ran
+    for fn, args in reversed(consumer.posted):  # the loop runs them the other way round
+        fn(*args)
+    assert consumer.consuming == {"lanes.p"}

@@ -60,15 +60,16 @@ def test_pools_shows_the_live_lane_of_every_pool(dep):
 
 
 def test_set_width_resizes_the_lane_and_the_fleet_follows(dep):
-    assert worker_concurrency(dep) == 4
+    # Pool threads: 2 x width for the foreground queue, as many for background.
+    assert worker_concurrency(dep) == 8
     done = lanes_cli(dep, "pools", "set-width", "gpu", "3")
     assert done.returncode == 0, done.stderr
     assert dep.lane("gpu").stats().width == 3
     assert dep.table().pools["gpu"].width == 3
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and worker_concurrency(dep) != 6:
+    while time.monotonic() < deadline and worker_concurrency(dep) != 12:
         time.sleep(0.5)
-    assert worker_concurrency(dep) == 6
+    assert worker_concurrency(dep) == 12
     result = dep.client.submit("chat", {"messages": [{"role": "user", "content": "x"}]}, deadline=30)
     assert result.get(timeout=30)["model"] == "m"
 

@@ -1,0 +1,84 @@
+"""Fleet sizing: two sets of threads per fleet, each able to fill the lane."""
+
+import pytest
+
+from lanes import InvalidInput
+from lanes.catalog import apply_document, load_routing, open_catalog
+from workers.background import BackgroundQueue
+from workers.fleet import fleet_names, plan_fleet
+from workers.main import main as worker_main
+
+DOC = {
+    "pools": [
+        {"name": "big", "width": 40, "ceiling": 64},
+        {"name": "huge", "width": 60, "ceiling": 64},
+        {"name": "small", "width": 1},
+    ],
+    "models": [
+        {"name": "m-big", "base_url": "http://127.0.0.1:9/v1", "pool": "big"},
+        {"name": "m-huge", "base_url": "http://127.0.0.1:9/v1", "pool": "huge"},
+        {"name": "m-small", "base_url": "http://127.0.0.1:9/v1", "pool": "small"},
+        {"name": "hosted", "base_url": "https://api.example.com/v1"},
+    ],
+    "workflows": [
+        {"name": "a", "candidates": ["m-big", "hosted"]},
+        {"name": "b", "candidates": ["m-small"]},
+        {"name": "c", "candidates": ["hosted"]},
+        {"name": "d", "candidates": ["m-huge"]},
+    ],
+}
+
+
+@pytest.fixture
+def table(make_settings):
+    engine = open_catalog(make_settings())
+    apply_document(engine, DOC)
+    return load_routing(engine)
+
+
+def threads(plan) -> tuple[int, int, int]:
+    return plan.foreground_threads, plan.background_threads, plan.concurrency
+
+
+def test_each_queue_gets_width_times_workers_per_lane_within_floor_and_cap(table, make_settings):
+    settings = make_settings(workers_per_lane=2, fleet_min_workers=3, fleet_max_workers=50)
+    assert fleet_names(table) == ["big", "hosted", "huge", "small"]
+    assert threads(plan_fleet(table, "big", settings)) == (50, 50, 100)  # capped
+    small = plan_fleet(table, "small", settings)
+    assert threads(small) == (3, 3, 6)  # floor
+    assert small.queues == ("lanes.small", "lanes.small.background")
+    assert threads(plan_fleet(table, "hosted", settings)) == (6, 6, 12)  # no lane: a pool of the floor's width
+
+
+def test_a_queue_never_gets_fewer_threads_than_the_width(table, make_settings):
+    # The cap bounds the spare waiters, never the slots: below the width,
+    # foreground work could not reach every slot, nor background fill them.
+    plan = plan_fleet(table, "huge", make_settings(workers_per_lane=2, fleet_max_workers=50))
+    assert threads(plan) == (60, 60, 120)
+
+
+def test_the_worker_is_started_with_both_sets_of_threads(table, make_settings):
+    plan = plan_fleet(table, "small", make_settings())
+    assert plan.worker_args() == ["--fleet", "small", "--foreground-threads", "2", "--background-threads", "2"]
+    assert plan.describe() == "fleet small: width 1; 2 threads for lanes.small, 2 for lanes.small.background"
+
+
+@pytest.mark.parametrize("args", [
+    ["--fleet", "x", "--foreground-threads", "0", "--background-threads", "2"],
+    ["--fleet", "x", "--foreground-threads", "2", "--background-threads", "-1"],
+])
+def test_the_worker_refuses_a_set_of_no_threads(args, capsys):
+    with pytest.raises(SystemExit) as exited:
+        worker_main(args)
+    assert exited.value.code == 2
+    assert "must be >= 1" in capsys.readouterr().err
+
+
+def test_a_background_queue_needs_a_thread():
+    with pytest.raises(ValueError, match="background threads 0 must be >= 1"):
+        BackgroundQueue("lanes.p.background", 0)
+
+
+def test_an_unknown_fleet_is_refused_with_the_known_ones(table, make_settings):
+    with pytest.raises(InvalidInput, match=r"unknown fleet 'nope' \(known: big, hosted, huge, small\)"):
+        plan_fleet(table, "nope", make_settings())
