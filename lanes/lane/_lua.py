@@ -34,6 +34,12 @@ except ImportError:  # pragma: no cover - a client without hiredis packs through
     HiredisRespSerializer = _hiredis_pack = None
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
+class ReplyLost(ConnectionError):
+    """A script call was sent but its reply never came (a timeout or a broken
+    connection after the send): the script may or may not have run. Never
+    re-sent blindly; the lane decides (see ``Lane._run``)."""
+
+
 NAMES = ("acquire", "release", "leave", "renew", "resize", "peek", "provision")
 
 _INCLUDE = re.compile(r"^--! include ([a-z_ ]+)$")
@@ -93,11 +99,12 @@ class SyncRunner:
     connections it keeps checked out of the client's pool in a small free
     list (taken and returned with atomic list operations; at most
     ``KEEP_IDLE`` idle, and only on a plain pool of at least
-    ``MIN_POOL_ROOM`` connections; redis-py 8's default is 100). A connection that
-    fails, or is interrupted between send and reply, is dropped (disconnected
-    and given back to the pool) and the call is made again through
-    ``execute_command``, so the client's own retry policy and reconnection
-    apply exactly as before. After a fork the child's runners drop their
+    ``MIN_POOL_ROOM`` connections; redis-py 8's default is 100). A connection
+    that fails before the command was wholly sent is dropped (disconnected and
+    given back to the pool) and the call goes through ``execute_command``
+    (Redis never runs a partial command). One that fails after the send, while
+    waiting for the reply, is dropped and :class:`ReplyLost` is raised: the
+    script may have run, so it is not sent again here. After a fork the child's runners drop their
     lists (the child must not share the parent's sockets; an
     ``os.register_at_fork`` hook, so no call pays a ``getpid``).
     """
@@ -140,7 +147,7 @@ class SyncRunner:
                 conn = pool.get_connection()
             except (ConnectionError, TimeoutError, OSError):
                 return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
-        clean = False
+        clean = sent = False
         try:
             if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer:
                 # What that packer does, minus its per-argument type checks
@@ -156,15 +163,17 @@ class SyncRunner:
                     conn.send_packed_command((packed,))
             else:
                 conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+            sent = True
             try:
                 reply = conn.read_response()
             except ResponseError:
                 clean = True  # a whole error reply was read: the connection is fine
                 raise
             clean = True
-        except (ConnectionError, TimeoutError, OSError):
-            # Dropped below; the client's own path (retry policy, reconnect) takes over.
-            pass
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            # Dropped below. Not sent: the client's own path (retry policy,
+            # reconnect) takes over. Sent: the reply is lost, the caller decides.
+            failure = exc
         finally:
             if clean and len(self._free) < KEEP_IDLE:
                 self._free.append(conn)
@@ -177,6 +186,8 @@ class SyncRunner:
                     pool.release(conn)
         if clean:
             return reply
+        if sent:
+            raise ReplyLost(f"no reply to a lane script call: {failure}") from failure
         return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
 
     def close(self) -> None:

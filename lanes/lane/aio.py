@@ -20,7 +20,7 @@ import redis
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import scripts_for
-from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
+from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, Generation, LaneStats
@@ -206,7 +206,14 @@ class AsyncLane(LaneBase):
         hub = await self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
-        parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True)
+        try:
+            parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True)
+        except BaseException:
+            # The script may have granted before the reply was lost: give it back.
+            with contextlib.suppress(AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                await asyncio.shield(self._leave(hub, Waiter(id=holder_id, priority=priority,
+                                                             member=self.member_of(holder_id, 0)), "cancels"))
+            raise
         if parsed[0] != "granted":
             return None
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
@@ -330,7 +337,7 @@ class AsyncLane(LaneBase):
         return int(reply[0]) == 1
 
     async def _hand_off_rest(self) -> None:
-        for _ in range(self.owner_width() // 256 + 2):
+        for _ in range(HAND_OFF_CALLS_MAX):  # see Lane._hand_off_rest
             reply = await self._run("renew", [self.lease_ms, self.width_arg(False)], f"handing off on {self.key!r}")
             if text(reply[0]) == "nostate" or not int(reply[2]):
                 return

@@ -27,6 +27,10 @@ UNAVAILABLE = (
     redis.exceptions.TryAgainError,
 )
 
+# Follow-up handoff calls after a release or resize that said "more" (256
+# grants each): bounds the loop at a million grants.
+HAND_OFF_CALLS_MAX = 4096
+
 _ids = itertools.count(1)
 _process_token = None
 
@@ -84,7 +88,7 @@ class LaneBase:
 
     def member_of(self, waiter_id: str, timeout_ms: int) -> str:
         """A waiter's record in the lane's queue, as acquire.lua writes it."""
-        return f"{self.notify_flag}:{timeout_ms}:{waiter_id}"
+        return f"{self.notify_flag}:{timeout_ms}:{self.lease_ms}:{waiter_id}"
 
     @staticmethod
     def _check_width(width) -> int:
@@ -145,7 +149,7 @@ class LaneBase:
         measured = int(reply[6]) == 1
         samples: dict[Priority, list[float]] = {p: [] for p in Priority}
         every: list[float] = []
-        for raw in reply[14:]:
+        for raw in reply[15:]:
             prio, ms = text(raw).split(":")
             seconds = int(ms) / 1000.0
             samples[Priority(int(prio))].append(seconds)
@@ -158,7 +162,7 @@ class LaneBase:
             wait_p95_by_priority={p: percentile(samples[p], 95) for p in Priority},
             grants=int(reply[7]), timeouts=int(reply[8]), cancels=int(reply[9]), expired=int(reply[10]),
             lapsed_waiters=int(reply[11]), epoch=int(text(reply[12])), quiet_seconds=int(reply[13]) / 1000.0,
-            samples=len(every))
+            samples=len(every), repairs=int(reply[14]))
 
     @staticmethod
     def forecast_from(stats: LaneStats, priority: Priority) -> float | None:

@@ -171,6 +171,9 @@ class LaneStats:
     quiet_seconds: float
     exists: bool = True
     samples: int = field(default=0)
+    # Times a script found the in-flight count apart from the holder entries
+    # and repaired it (an eviction, or a count from an older script run twice).
+    repairs: int = field(default=0)
 
     @property
     def queued_total(self) -> int:

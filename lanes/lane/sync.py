@@ -6,8 +6,8 @@ import threading
 import time
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
-from lanes.lane._lua import close_runner, runner_for
-from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, text, unavailable
+from lanes.lane._lua import ReplyLost, close_runner, runner_for
+from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, text, unavailable
 from lanes.lane.book import Waiter
 from lanes.lane.cancel import PLAIN_EVENT_CHECK_SECONDS, CancelEvent
 from lanes.lane.hub import SyncHub, close_hubs, hub_for
@@ -35,6 +35,17 @@ class Lane(LaneBase):
         return runner(name, self._key_list, args)
 
     def _run(self, name: str, args: list, what: str):
+        """Run a script; a lost reply is asked once more. Every lane script is
+        idempotent (an acquire for an id that holds or waits answers with that
+        state, a release or leave of what is gone changes nothing, a renewal
+        sets the same lease again), so asking again only reads what the lost
+        call did. Raises RedisUnavailable."""
+        try:
+            return self._script(name, args)
+        except ReplyLost:
+            pass
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, what) from exc
         try:
             return self._script(name, args)
         except UNAVAILABLE as exc:
@@ -85,7 +96,16 @@ class Lane(LaneBase):
         hub = self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
-        parsed = self._acquire_call(hub, holder_id, priority, 0, True, True)
+        try:
+            parsed = self._acquire_call(hub, holder_id, priority, 0, True, True)
+        except BaseException:
+            # The script may have granted before the reply was lost: give it back.
+            try:
+                self._leave(hub, Waiter(id=holder_id, priority=priority,
+                                        member=self.member_of(holder_id, 0)), "cancels")
+            except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                pass
+            raise
         if parsed[0] != "granted":
             return None
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
@@ -233,9 +253,21 @@ class Lane(LaneBase):
         if not permit._claim_release():
             return False
         gen = permit.generation
+        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms]
+        sent_at = time.monotonic()
         try:
-            reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
-                              f"releasing on lane {self.key!r}")
+            try:
+                reply = self._script("release", args)
+            except ReplyLost:
+                # Asked again (fenced: it changes nothing if the lost call ran).
+                # Sent within the local lease, the lost call found the holder
+                # entry still there (the server's lease ends later), so an
+                # entry gone now was released by it.
+                reply = self._run("release", args, f"releasing on lane {self.key!r}")
+                if not int(reply[0]) and sent_at <= permit._lease_until and not permit._lost:
+                    reply = [1, reply[1]]
+            except UNAVAILABLE as exc:
+                raise unavailable(exc, f"releasing on lane {self.key!r}") from exc
         finally:
             # After the call, off the handoff's path: a renewal racing it skips
             # the permit (it is marked released), so this order is safe.
@@ -247,7 +279,11 @@ class Lane(LaneBase):
 
     def _hand_off_rest(self) -> None:
         # A script grants at most 256 per call; keep going while it says more.
-        for _ in range(self.owner_width() // 256 + 2):
+        # Each call that says more granted 256, so the loop ends once the
+        # slots or the waiters run out, whatever the width now is (a resize
+        # may have made it larger than the owner's); the cap only bounds a
+        # lane that keeps filling as fast as it drains.
+        for _ in range(HAND_OFF_CALLS_MAX):
             reply = self._run("renew", [self.lease_ms, self.width_arg(False)], f"handing off on {self.key!r}")
             if text(reply[0]) == "nostate" or not int(reply[2]):
                 return

@@ -156,3 +156,20 @@ def local_cluster(tmp_path):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def fault_proxy(redis_url):
+    """A :class:`tests.lane.faultproxy.FaultProxy` in front of each Redis under
+    test; ``proxy.client_url`` reaches the same database through it."""
+    from urllib.parse import urlparse
+
+    from tests.lane.faultproxy import FaultProxy
+
+    parsed = urlparse(redis_url)
+    proxy = FaultProxy(parsed.hostname or "127.0.0.1", parsed.port or 6379)
+    db = int((parsed.path or "/0").strip("/") or 0)
+    proxy.client_url = proxy.url(db)
+    proxy.direct_url = redis_url
+    yield proxy
+    proxy.close()

@@ -23,8 +23,8 @@ CHANNEL = "lanes:test:wake:model"
 
 
 def member(wid: str) -> str:
-    """A waiter's queue record (notify 0, no wait limit), as acquire.lua writes it."""
-    return f"0:-1:{wid}"
+    """A waiter's queue record (notify 0, no wait limit, the model's lease), as acquire.lua writes it."""
+    return f"0:-1:{LEASE_MS}:{wid}"
 
 
 class Model:

@@ -30,5 +30,5 @@ elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
 end
 if outcome ~= 'gone' then redis.call('HINCRBY', K_META, reason, 1) end
 reap(st, now)
-grant_free(st, now, lease_ms)
+grant_free(st, now)
 return outcome

@@ -6,14 +6,14 @@
 -- Returns {} when the lane has no state, else
 --   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
 --    measured (1 once a hold was timed), grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
---    samples...}
+--    repairs (times inflight was found apart from the holder entries and repaired), samples...}
 --! include reap handoff
 local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, '', lease_ms)
 if not st then return {} end
 reap(st, now)
-grant_free(st, now, lease_ms)
+grant_free(st, now)
 local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'counter', 'timeouts', 'cancels', 'expired',
   'lapsed', 'returned')
 -- grants = generations handed out minus grants taken back (see lib_base.lua)
@@ -30,6 +30,7 @@ out[#out + 1] = fmt(st.epoch)
 local quiet = st.quiet_until - now
 if quiet < 0 then quiet = 0 end
 out[#out + 1] = quiet
+out[#out + 1] = tonumber(redis.call('HGET', K_META, 'repairs')) or 0
 if ARGV[2] == '1' then
   local samples = redis.call('LRANGE', K_WAITS, 0, WAITS_KEEP - 1)
   for i = 1, #samples do out[#out + 1] = samples[i] end

@@ -53,7 +53,8 @@ end
 if head then
   local member, score = head[1], tonumber(head[2])
   redis.call('ZREM', K_WEXP, member)
-  local notify, wid = string.match(member, '^(%d):%-?%d+:(.+)$')   -- lib_queue.lua parse_waiter
+  -- lib_queue.lua parse_waiter: the lease is the waiter's own (it travels with its entry).
+  local notify, own_lease, wid = string.match(member, '^(%d):%-?%d+:(%d+):(.+)$')
   local counter = (tonumber(m[5]) or 0) + 1
   if ewma then
     redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma))
@@ -62,7 +63,7 @@ if head then
     redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
   end
   inflight = inflight + 1
-  local deadline = now + lease_ms
+  local deadline = now + tonumber(own_lease)
   local prio = math.floor(score / PRIO_SPAN)
   redis.call('ZADD', K_HOLDERS, deadline, wid)
   -- now, counter and prio are below 10^14: '..' writes them exactly.
@@ -96,5 +97,5 @@ if ewma then redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'infligh
 local st = load_state(now, '', lease_ms)
 reap_due(st, now)
 local more = false
-if redis.call('ZCARD', K_QUEUE) > 0 then more = grant_free(st, now, lease_ms) end
+if redis.call('ZCARD', K_QUEUE) > 0 then more = grant_free(st, now) end
 return {released, more and 1 or 0}

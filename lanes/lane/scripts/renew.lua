@@ -74,7 +74,7 @@ for i = 0, n - 1 do
   codes[#codes + 1] = code
 end
 reap(st, now)
-local more = grant_free(st, now, lease_ms)
+local more = grant_free(st, now)
 local out = {fmt(st.epoch), next_event(st, now), more and 1 or 0}
 for i = 1, #codes do out[#out + 1] = codes[i] end
 return out

@@ -13,5 +13,5 @@ local old = st.width
 redis.call('HSET', K_META, 'width', ARGV[1])
 st.width = width
 reap(st, now)
-local more = grant_free(st, now, lease_ms)
+local more = grant_free(st, now)
 return {old, more and 1 or 0}
