@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import weakref
 
@@ -28,6 +29,21 @@ from lanes.lane.model import AsyncPermit, Generation, LaneStats
 log = logging.getLogger("lanes.lane")
 
 _hubs: "weakref.WeakKeyDictionary[object, dict[str, AsyncHub]]" = weakref.WeakKeyDictionary()
+
+
+def _reset_hubs_after_fork() -> None:
+    """In a forked child: the hubs' tasks and connections are the parent's
+    (as in hub.py): closed without I/O, their permits lost here."""
+    for by_prefix in list(_hubs.values()):
+        for hub in list(by_prefix.values()):
+            hub.closed = True
+            hub._tasks = []
+            hub._pubsub = None
+            hub.book.orphan("the process forked: this wait belongs to the parent")
+    _hubs.clear()
+
+
+os.register_at_fork(after_in_child=_reset_hubs_after_fork)
 
 
 class AsyncHub:

@@ -32,7 +32,15 @@ UNAVAILABLE = (
 HAND_OFF_CALLS_MAX = 4096
 
 _ids = itertools.count(1)
-_process_token = None
+
+
+def _new_ids_after_fork() -> None:
+    # A child's ids start afresh under its own hub's token (hub.py resets the hubs).
+    global _ids
+    _ids = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_ids_after_fork)
 
 
 def new_id(token: str) -> str:

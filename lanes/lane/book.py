@@ -149,6 +149,22 @@ class Book:
                 return at < slot.due
         return False
 
+    def orphan(self, message: str) -> None:
+        """In a forked child: every entry is the parent's. Holders are lost
+        here (and cannot be released here); waiters end unavailable."""
+        for slot in list(self.slots.values()):
+            for permit in list(slot.holders.values()):
+                permit._orphan()
+            for waiter in list(slot.waiters.values()):
+                if waiter.outcome is None:
+                    waiter.outcome = ("unavailable", message)
+        for _, permit, _ in list(self.pending):
+            permit._orphan()
+        self.slots = {}
+        self.waiter_slot = {}
+        self.pending.clear()
+        self.unclaimed = {}
+
     def kick_all(self) -> None:
         """Renew every lane with waiters now (e.g. after the doorbell reconnected)."""
         for slot in self.slots.values():

@@ -51,6 +51,22 @@ def _close_fds(*fds: int) -> None:
             pass
 
 
+def _reset_hubs_after_fork() -> None:
+    """In a forked child: the hubs, their threads, tokens and sockets are the
+    parent's. Each is marked closed without touching its connection (a new
+    hub with its own token, subscription and renewer is made on next use),
+    and every permit it kept is the parent's: lost here."""
+    global _hubs_lock
+    _hubs_lock = threading.Lock()  # another thread may have held it at the fork
+    for by_prefix in list(_hubs.values()):
+        for hub in list(by_prefix.values()):
+            hub._orphan()
+    _hubs.clear()
+
+
+os.register_at_fork(after_in_child=_reset_hubs_after_fork)
+
+
 def hub_for(client, prefix: str) -> "SyncHub":
     with _hubs_lock:
         by_prefix = _hubs.setdefault(client, {})
@@ -151,6 +167,17 @@ class SyncHub:
                 pass
             finally:
                 self._reader.release()
+
+    def _orphan(self) -> None:
+        # No locks (their holders may not exist in the child), no socket calls.
+        self.closed = True
+        self._threads = []
+        self._pubsub = None
+        self.lock = threading.Lock()
+        self._cond = threading.Condition(self.lock)
+        self._reader = threading.Lock()
+        self._start_lock = threading.Lock()
+        self.book.orphan("the process forked: this wait belongs to the parent")
 
     def _on_reconnect(self, connection) -> None:
         with self._cond:
