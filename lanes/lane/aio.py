@@ -245,7 +245,8 @@ class AsyncLane(LaneBase):
         hub = await self._start_hub()
         started = time.monotonic()
         waiter_id = new_id(hub.token)
-        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms))
+        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
+                        renewed_at=started)
         # One round trip when a slot is free: the waiter is registered with the
         # hub only once the script says we wait (the hub keeps an early doorbell).
         queued = True  # until the first reply says otherwise; then: in the queue, no outcome yet
@@ -275,8 +276,12 @@ class AsyncLane(LaneBase):
                 if outcome[0] == "granted":
                     hub.book.remove_waiter(waiter.id)
                     queued = False
-                    lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
-                    return self._permit(hub, waiter.id, outcome[1], priority, started, lease_until)
+                    # Bounded by the last call that found us queued (see Lane._start_granted_lease).
+                    permit = self._permit(hub, waiter.id, outcome[1], priority, started,
+                                          waiter.renewed_at + self.lease_seconds)
+                    if time.monotonic() > permit._lease_until:
+                        permit._mark_lost()
+                    return permit
                 if outcome[0] in ("timeouts", "cancels"):
                     queued = False
                     await self._leave(hub, waiter, outcome[0])
@@ -296,6 +301,7 @@ class AsyncLane(LaneBase):
                     hub.book.remove_waiter(waiter.id)
                     queued = False
                     return self._permit(hub, waiter.id, parsed[1], priority, started, started_call + self.lease_seconds)
+                waiter.renewed_at = started_call
         except BaseException:
             if queued:
                 # Task cancelled or Redis failed mid-wait: leave the queue,

@@ -140,7 +140,7 @@ class Lane(LaneBase):
         if parsed[0] == "granted":
             return self._permit(hub, waiter_id, parsed[1], priority, started, started + self.lease_seconds)
         waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
-                        epoch=parsed[1])
+                        epoch=parsed[1], renewed_at=started)
         deadline = None if timeout is None else started + timeout
         return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel)
 
@@ -172,9 +172,7 @@ class Lane(LaneBase):
                     permit.generation = outcome[1]
                     permit.waited_seconds = now - started
                     permit.acquired_at = now
-                    # The doorbell rang after the server granted: count the
-                    # lease from one renewal period earlier, to be safe.
-                    permit._lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
+                    self._start_granted_lease(permit, waiter, now)
                     hub.add_holder(self, permit, waiter.id)
                     return permit
                 if outcome[0] in ("timeouts", "cancels"):
@@ -198,6 +196,7 @@ class Lane(LaneBase):
                     return self._permit(hub, waiter.id, parsed[1], waiter.priority, started,
                                         sent_at + self.lease_seconds)
                 waiter.epoch = parsed[1]
+                waiter.renewed_at = sent_at
                 hub.note_event(self, parsed[2])
         except BaseException:
             if queued:
@@ -212,6 +211,16 @@ class Lane(LaneBase):
             if isinstance(cancel, CancelEvent):
                 cancel.remove_callback(wake)
             hub.promote(waiter)
+
+    def _start_granted_lease(self, permit: Permit, waiter: Waiter, now: float) -> None:
+        """A woken waiter's lease. The server granted after it last found the
+        waiter queued (the call that queued it, or a renewal answering 'q'),
+        so the lease runs at least until that call's send time + the lease:
+        a bound that holds however late the doorbell is read (a paused
+        process). Already past it: the slot may be someone else's now."""
+        permit._lease_until = waiter.renewed_at + self.lease_seconds
+        if now > permit._lease_until:
+            permit._mark_lost()
 
     def _wait(self, hub: SyncHub, waiter: Waiter, event: threading.Event, deadline: float | None,
               cancel: threading.Event | None) -> tuple:

@@ -29,6 +29,7 @@ def make_lane(redis_url):
         lane = Lane(client, key, width=width, lease_seconds=lease_seconds, renew_seconds=renew_seconds, **kwargs)
         if provision:
             lane.provision()
+        lane.make_url = redis_url  # for a test's child process to reach the same database
         return lane
 
     build.url = redis_url
