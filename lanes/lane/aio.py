@@ -138,18 +138,31 @@ class AsyncHub:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
     async def _renew_loop(self) -> None:
+        """Plans renewals and times leases (see SyncHub._renew_loop): each
+        renewal call is a task of its own, never awaited here."""
+        calls: set[asyncio.Task] = set()
         while not self.closed:
-            upcoming = self.book.next_wakeup()
             now = time.monotonic()
+            self.book.expire(now)
+            upcoming = self.book.next_wakeup()
             if upcoming is None or upcoming > now:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), None if upcoming is None else upcoming - now)
                 continue
             for slot, entries in self.book.due_batches(time.monotonic()):
-                await self._renew(slot, entries)
+                task = asyncio.create_task(self._renew(slot, entries))
+                calls.add(task)  # kept referenced until done
+                task.add_done_callback(calls.discard)
 
     async def _renew(self, slot, entries) -> None:
+        try:
+            await self._renew_call(slot, entries)
+        finally:
+            slot.renewing -= 1
+            self._changed.set()  # the renewer plans this lane again
+
+    async def _renew_call(self, slot, entries) -> None:
         lane = slot.lane
         sent_at = time.monotonic()
         try:

@@ -88,6 +88,10 @@ class LaneBase:
             raise InvalidInput(
                 f"renew_seconds {renew_seconds!r} must be positive and shorter than lease_seconds {lease_seconds}")
         self.lease_seconds = float(lease_seconds)
+        # How long before its local lease end a holder that could not renew
+        # is told lost (Book.expire): a tenth of the lease, at most 0.5 s, and
+        # less than half the slack between a renewal and the lease's end.
+        self.lost_guard = min(0.1 * self.lease_seconds, 0.5, (self.lease_seconds - renew) / 2)
         self.lease_ms = max(1, int(round(lease_seconds * 1000)))
         self.renew_seconds = float(renew)
         # In Cluster, PUBLISH counts only the receivers on the lane's own node,

@@ -384,10 +384,15 @@ class SyncHub:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
     def _renew_loop(self) -> None:
+        """Plans renewals and times leases; never waits for Redis itself.
+        Each renewal call runs on a thread of its own, so a call stuck until
+        its socket timeout neither delays other lanes' renewals nor the
+        moment a holder is told lost (``Book.expire``)."""
         while True:
             with self._cond:
                 while not self.closed:
                     now = time.monotonic()
+                    self.book.expire(now)
                     upcoming = self.book.next_wakeup()
                     if upcoming is not None and upcoming <= now:
                         break
@@ -396,9 +401,18 @@ class SyncHub:
                     return
                 batches = self.book.due_batches(time.monotonic())
             for slot, entries in batches:
-                self._renew(slot, entries)
+                threading.Thread(target=self._renew, args=(slot, entries), name="lanes-renew-call",
+                                 daemon=True).start()
 
     def _renew(self, slot, entries) -> None:
+        try:
+            self._renew_call(slot, entries)
+        finally:
+            with self._cond:
+                slot.renewing -= 1
+                self._cond.notify_all()  # the renewer plans this lane again
+
+    def _renew_call(self, slot, entries) -> None:
         lane = slot.lane
         sent_at = time.monotonic()
         try:
