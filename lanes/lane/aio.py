@@ -25,6 +25,7 @@ from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, n
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, Generation, LaneStats
+from lanes.lane.server import check_lane_redis_async
 
 log = logging.getLogger("lanes.lane")
 
@@ -83,12 +84,11 @@ class AsyncHub:
                 pubsub.connection.register_connect_callback(self._on_reconnect)
             self._pubsub = pubsub
             try:
-                policy = (await self.client.config_get("maxmemory-policy")).get("maxmemory-policy")
-                if policy and text(policy) != "noeviction":
-                    log.warning("Redis maxmemory-policy is %r: an eviction of a lane's keys would "
-                                "over-admit; set 'maxmemory-policy noeviction'", text(policy))
+                for _, ok, detail in await check_lane_redis_async(self.client):
+                    if ok is False:
+                        log.warning("Redis is unsafe for lanes: %s", detail)
             except redis.RedisError:
-                pass  # CONFIG disabled (managed Redis): nothing to read
+                pass  # unreadable: nothing to say
             self._tasks = [asyncio.create_task(self._listen(), name="lanes-doorbell"),
                            asyncio.create_task(self._renew_loop(), name="lanes-renewer")]
 
@@ -193,7 +193,9 @@ class AsyncLane(LaneBase):
         scripts = self._scripts
         if scripts is None:
             scripts = self._scripts = scripts_for(self.client)
-        return await scripts[name](keys=self._key_list, args=args)
+        # run '' (lib_base.lua): redis-py's own path picks the connection, so
+        # the server's run_id is not known here (see README, the lanes' Redis).
+        return await scripts[name](keys=self._key_list, args=[*args, ""])
 
     async def _run(self, name: str, args: list, what: str):
         try:

@@ -35,6 +35,7 @@ from lanes.lane.base import UNAVAILABLE, new_token, text
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import Generation, Permit
+from lanes.lane.server import check_lane_redis
 from lanes.lane.wire import READ_SIZE, read_reply
 
 log = logging.getLogger("lanes.lane")
@@ -144,13 +145,14 @@ class SyncHub:
             self._threads = threads
 
     def _warn_eviction(self) -> None:
+        """Warn once per hub when the Redis is not what lanes need (server.py)."""
         try:
-            policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
+            checks = check_lane_redis(self.client)
         except redis.RedisError:
-            return  # CONFIG disabled (managed Redis) or unreadable: nothing to say
-        if policy and text(policy) != "noeviction":
-            log.warning("Redis maxmemory-policy is %r: an eviction of a lane's keys would over-admit; "
-                        "set 'maxmemory-policy noeviction'", text(policy))
+            return  # unreadable: nothing to say
+        for _, ok, detail in checks:
+            if ok is False:
+                log.warning("Redis is unsafe for lanes: %s", detail)
 
     def close(self) -> None:
         with self._cond:

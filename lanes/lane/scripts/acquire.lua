@@ -11,6 +11,7 @@
 --                      looked for); 0 = a rejoin
 -- ARGV[9] previous     0 only: the member of this id's earlier queue entry
 --                      ('' = none), removed so a rejoin makes no second entry
+-- ARGV[10] run         run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- A queued waiter's member is ARGV[7]:ARGV[3]:ARGV[4]:ARGV[1] (notify, timeout,
 -- its own lease, id): the lease travels with the entry, so a slot handed to
 -- this waiter gets the waiter's lease, whoever hands it over.
@@ -32,10 +33,11 @@ local now = math.floor(us / 1000)
 -- and a slot free. Inline, with
 -- no helper beyond lib_base, so it creates no closure and no table of its own.
 if ARGV[8] == '1' then
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight')
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight', 'run')
   local reap_at = tonumber(m[3])
   local inflight = tonumber(m[5])
-  if m[1] and reap_at and inflight and now < reap_at
+  -- Only on a state this server process wrote (RUN, lib_base.lua).
+  if m[1] and reap_at and inflight and now < reap_at and (m[6] == RUN or RUN == '')
       and inflight < tonumber(m[1]) and redis.call('ZCARD', K_QUEUE) == 0 then
     local counter = tonumber(m[4]) + 1
     local deadline = now + lease_ms

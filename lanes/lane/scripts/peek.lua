@@ -1,8 +1,9 @@
 -- peek.lua: read the lane's statistics (and reap, so counts are current).
 -- KEYS: the six lane keys (see lib_base.lua).
--- ARGV[1] lease_ms  lease for holders a reap hands slots to
+-- ARGV[1] lease_ms  the caller's lease (the quiet period if the state must start over)
 -- ARGV[2] samples   1 = include the admission-wait samples (stats), 0 = not
 --                   (forecast: O(log n), no list read)
+-- ARGV[3] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {} when the lane has no state, else
 --   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
 --    measured (1 once a hold was timed), grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,

@@ -3,15 +3,21 @@
 -- ARGV[1] id        holder id
 -- ARGV[2] epoch     generation the holder was given ...
 -- ARGV[3] counter   ... both must match, or nothing changes (fencing)
--- ARGV[4] lease_ms  lease for the holder the slot is handed to
+-- ARGV[4] lease_ms  the releaser's lease (a slot handed off gets the waiter's
+--                   own, carried in its queue entry)
+-- ARGV[5] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {released (1/0), more (1/0)}: more = slots and waiters remain
 -- beyond this call's bounded handoff.
 --! include base
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
-local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight')
+local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight',
+  'run')
 if not m[1] then return {0, 0} end   -- state lost: nothing of ours is recorded
-local info = redis.call('HGET', K_HINFO, id)
+-- A state another server process wrote (RUN, lib_base.lua) is untrusted: the
+-- slow path below starts it over (load_state), so nothing of ours is recorded.
+local stale = RUN ~= '' and m[7] and m[7] ~= RUN
+local info = not stale and redis.call('HGET', K_HINFO, id)
 local released = 0
 local inflight = tonumber(m[6]) or 0
 local ewma   -- the hold-time EWMA with this hold fed in, written once below
@@ -36,11 +42,11 @@ local reap_at = tonumber(m[2]) or 0
 -- head is live. The same writes as grant_free's step (lib_handoff.lua);
 -- inflight is unchanged (one out, one in), and the counter and the EWMA go
 -- in one HSET.
-local lean = now < reap_at and tonumber(m[4]) - inflight == 1
+local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1
 local head
 if lean then
   head = redis.call('ZPOPMIN', K_QUEUE)
-elseif now < reap_at and redis.call('ZCARD', K_QUEUE) == 0 then
+elseif not stale and now < reap_at and redis.call('ZCARD', K_QUEUE) == 0 then
   head = {}
 end
 if head and #head == 0 then

@@ -10,6 +10,7 @@
 --   epoch    holder: epoch of its generation; waiter: epoch it queued in
 --   counter  holder: counter of its generation; waiter: 0
 --   priority
+-- ARGV[last] run    run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {epoch, next_event_ms, more, code_1, ..., code_n} (or {'nostate'}):
 --   holder: 'ok' renewed | 'rereg' re-registered after a state loss | 'lost'
 --   waiter: 'q' still queued (place renewed) | 'g:<epoch>:<counter>' granted
@@ -19,7 +20,7 @@ local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, ARGV[2], lease_ms)
 if not st then return {'nostate'} end
-local n = (#ARGV - 2) / 5
+local n = (#ARGV - 3) / 5   -- the last ARGV is run
 local codes = {}
 local deadline = now + lease_ms
 for i = 0, n - 1 do
