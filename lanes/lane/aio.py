@@ -94,6 +94,7 @@ class AsyncHub:
 
     async def close(self) -> None:
         self.closed = True
+        self.book.abandon("the lane's client was closed (AsyncLane.close)")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:

@@ -165,6 +165,21 @@ class Book:
                 return at < slot.due
         return False
 
+    def abandon(self, message: str) -> None:
+        """The hub stops (``Lane.close``): nobody renews these entries any
+        more, so every holder is told lost now (it may still release) and
+        every waiter ends unavailable, rather than lapsing unannounced."""
+        if self.pending:
+            self._fold_pending()
+        for slot in self.slots.values():
+            for permit in slot.holders.values():
+                if not permit._released:
+                    permit._mark_lost()
+            for waiter in slot.waiters.values():
+                if waiter.outcome is None:
+                    waiter.outcome = ("unavailable", message)
+                    waiter.wake()
+
     def orphan(self, message: str) -> None:
         """In a forked child: every entry is the parent's. Holders are lost
         here (and cannot be released here); waiters end unavailable."""

@@ -78,7 +78,8 @@ def hub_for(client, prefix: str) -> "SyncHub":
 
 
 def close_hubs(client) -> None:
-    """Stop the listener and renewer of ``client`` (permits stop being renewed)."""
+    """Stop the listener and renewer of ``client``: its permits, on every lane
+    of that client, stop being renewed and are told lost at once."""
     with _hubs_lock:
         hubs = list(_hubs.pop(client, {}).values())
     for hub in hubs:
@@ -157,6 +158,7 @@ class SyncHub:
     def close(self) -> None:
         with self._cond:
             self.closed = True
+            self.book.abandon("the lane's client was closed (Lane.close)")
             self._cond.notify_all()
         self._poke()  # a leading waiter stops reading now
         for thread in self._threads:

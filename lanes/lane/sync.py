@@ -326,7 +326,9 @@ class Lane(LaneBase):
                                   priority)
 
     def close(self) -> None:
-        """Stop this client's background listener and renewer (at shutdown)."""
+        """Stop this client's background listener and renewer (at shutdown).
+        They serve every lane on the same client: all of that client's
+        permits are told lost at once (release them as usual)."""
         close_hubs(self.client)
         close_runner(self.client)
         self._scripts = None
