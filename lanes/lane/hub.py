@@ -17,7 +17,13 @@ that client.
 - The **renewer** thread sleeps on a condition until the next lane is due:
   its renewal period, or (for lanes where we wait) the earliest lease expiry
   the scripts reported, so crashed holders are reaped and their slots handed
-  off even when no one else acts. No polling: it wakes only for those times.
+  off even when no one else acts, or a holder's lease is about to end with no
+  renewal answered (it is told ``lost`` then, from the clock alone). No
+  polling: it wakes only for those times. It never waits for Redis itself:
+  each renewal call runs on a short-lived thread of its own, one at a time
+  per lane, so a call stuck until its socket timeout holds up nothing else.
+- After ``os.fork`` the child drops the parent's hubs (their threads,
+  sockets, token) without touching them and makes its own on next use.
 """
 
 from __future__ import annotations
