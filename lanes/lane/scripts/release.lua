@@ -24,13 +24,12 @@ local ewma   -- the hold-time EWMA with this hold fed in, written once below
 if info then
   local epoch, counter, granted = string.match(info, '^(%d+):(%d+):(%d+):')
   if epoch == ARGV[2] and counter == ARGV[3] then
-    -- Inline unhold (lib_hold.lua).
-    redis.call('ZREM', K_HOLDERS, id)
+    -- Inline unhold (lib_hold.lua): inflight moves only if an entry went.
+    inflight = inflight - redis.call('ZREM', K_HOLDERS, id)
     redis.call('HDEL', K_HINFO, id)
     local hold = now - tonumber(granted)
     ewma = tonumber(m[3])
     if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
-    inflight = inflight - 1
     released = 1
   end
 end
@@ -40,8 +39,8 @@ local reap_at = tonumber(m[2]) or 0
 -- goes to the head waiter, popped with its record. Nothing is due for
 -- reaping, so the head's wexp score (>= reap_at > now) has not passed: the
 -- head is live. The same writes as grant_free's step (lib_handoff.lua);
--- inflight is unchanged (one out, one in), and the counter and the EWMA go
--- in one HSET.
+-- inflight (moved by the entries really removed and added), the counter and
+-- the EWMA go in one HSET.
 local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1
 local head
 if lean then
@@ -62,16 +61,15 @@ if head then
   -- lib_queue.lua parse_waiter: the lease is the waiter's own (it travels with its entry).
   local notify, own_lease, wid = string.match(member, '^(%d):%-?%d+:(%d+):(.+)$')
   local counter = (tonumber(m[5]) or 0) + 1
+  local deadline = now + tonumber(own_lease)
+  inflight = inflight + redis.call('ZADD', K_HOLDERS, deadline, wid)
   if ewma then
-    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma))
+    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight)
     ewma = nil
   else
-    redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+    redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight)
   end
-  inflight = inflight + 1
-  local deadline = now + tonumber(own_lease)
   local prio = math.floor(score / PRIO_SPAN)
-  redis.call('ZADD', K_HOLDERS, deadline, wid)
   -- now, counter and prio are below 10^14: '..' writes them exactly.
   redis.call('HSET', K_HINFO, wid, m[1] .. ':' .. counter .. ':' .. now .. ':' .. prio)
   if deadline < reap_at then redis.call('HSET', K_META, 'reap_at', deadline) end
@@ -82,9 +80,8 @@ if head then
   if notify == '1' and heard == 0 then
     -- Nobody listens for this waiter: take the slot back (as grant_free
     -- does) and let the slow path below hand it to the next one.
-    redis.call('ZREM', K_HOLDERS, wid)
+    inflight = inflight - redis.call('ZREM', K_HOLDERS, wid)
     redis.call('HDEL', K_HINFO, wid)
-    inflight = inflight - 1
     redis.call('HSET', K_META, 'inflight', inflight)
     redis.call('HINCRBY', K_META, 'returned', 1)
     redis.call('HINCRBY', K_META, 'lapsed', 1)

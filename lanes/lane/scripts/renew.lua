@@ -41,9 +41,8 @@ for i = 0, n - 1 do
       -- A holder from before a state loss, inside the quiet period: take it
       -- back with its old generation (new grants all carry the new, larger
       -- epoch). Capped at the width: the lane never admits more than W.
-      redis.call('ZADD', K_HOLDERS, deadline, id)
+      if redis.call('ZADD', K_HOLDERS, deadline, id) == 1 then add_inflight(st, 1) end
       redis.call('HSET', K_HINFO, id, epoch .. ':' .. counter .. ':' .. fmt(now) .. ':' .. prio)
-      add_inflight(st, 1)
       code = 'rereg'
     else
       code = 'lost'
