@@ -77,3 +77,57 @@ def test_a_cut_off_holder_is_lost_before_its_slots_are_granted_again(fault_proxy
         close_hubs(other_client)
         cut_client.close()
         other_client.close()
+
+
+async def test_an_async_cut_off_holder_is_lost_before_its_slots_are_granted_again(fault_proxy):
+    import asyncio
+
+    import redis.asyncio
+
+    from lanes import AsyncLane
+
+    cut_client = redis.asyncio.Redis.from_url(fault_proxy.client_url, socket_timeout=SOCKET_TIMEOUT,
+                                              socket_connect_timeout=SOCKET_TIMEOUT)
+    other_client = redis.Redis.from_url(fault_proxy.direct_url, socket_timeout=5)
+    keys = [f"pool:acut-{n}" for n in range(LANES)]
+    cut_lanes = [AsyncLane(cut_client, key, width=1, lease_seconds=LEASE, renew_seconds=RENEW) for key in keys]
+    other_lanes = [Lane(other_client, key, width=1, lease_seconds=LEASE, renew_seconds=RENEW) for key in keys]
+    for lane in other_lanes:
+        lane.provision()
+    lost_at: dict[str, float] = {}
+    results: dict[str, object] = {}
+    try:
+        held = [await lane.acquire(I, 2.0) for lane in cut_lanes]
+        await asyncio.sleep(1.5 * RENEW)
+
+        def watch(permit) -> None:
+            permit.lost.wait(30)
+            lost_at[permit.lane_key] = time.time()
+
+        def wait_for(lane) -> None:
+            results[lane.key] = lane.acquire(I, 30.0)
+
+        threads = [threading.Thread(target=watch, args=(p,), daemon=True) for p in held]
+        threads += [threading.Thread(target=wait_for, args=(lane,), daemon=True) for lane in other_lanes]
+        for thread in threads:
+            thread.start()
+        while not all(lane.stats().queued_total == 1 for lane in other_lanes):
+            await asyncio.sleep(0.01)
+        fault_proxy.blackhole(True)
+        while any(thread.is_alive() for thread in threads):
+            await asyncio.sleep(0.05)   # the event loop runs on: the hub's renewer and timer are tasks
+        for lane in other_lanes:
+            permit = results[lane.key]
+            info = other_client.hget(lane.keys.all()[2], permit.holder_id).decode()
+            granted_at = int(info.split(":")[2]) / 1000.0
+            permit.release()
+            assert lost_at[lane.key] <= granted_at + 0.001, \
+                f"{lane.key}: told lost {lost_at[lane.key] - granted_at:+.3f} s after the slot was granted again"
+    finally:
+        fault_proxy.blackhole(False)
+        fault_proxy.cut()
+        for lane in cut_lanes[:1]:
+            await lane.close()
+        await cut_client.aclose()
+        close_hubs(other_client)
+        other_client.close()
