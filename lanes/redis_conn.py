@@ -6,6 +6,7 @@ import redis
 import redis.asyncio
 
 from lanes.embedded import EmbeddedRedis
+from lanes.lane.server import check_lane_redis
 from lanes.errors import RedisUnavailable
 from lanes.settings import Settings
 
@@ -54,3 +55,12 @@ def eviction_warning(client: redis.Redis) -> str | None:
             "set 'maxmemory-policy noeviction' on the Redis that holds lanes"
         )
     return None
+
+
+
+def lane_redis_checks(client: redis.Redis) -> list[tuple[str, bool | None, str]]:
+    """What the Redis that holds lanes must be (see lanes.lane.server), checked."""
+    try:
+        return check_lane_redis(client)
+    except redis.RedisError as exc:
+        raise RedisUnavailable(f"Redis did not answer: {exc}") from exc

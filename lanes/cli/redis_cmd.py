@@ -6,7 +6,10 @@ import click
 
 from lanes.cli.common import pass_settings
 from lanes.embedded import EmbeddedRedis
-from lanes.redis_conn import connect, eviction_warning
+import redis
+
+from lanes.errors import RedisUnavailable
+from lanes.redis_conn import connect, lane_redis_checks
 
 
 @click.group(name="redis")
@@ -35,16 +38,27 @@ def stop(settings) -> None:
 @command.command()
 @pass_settings
 def status(settings) -> None:
-    """Say which Redis Lanes uses and whether it is safe for lanes."""
+    """Say which Redis Lanes uses and whether it is safe for lanes: no
+    eviction, no persistence (exit 1 when it is not, 3 when it does not answer)."""
     from lanes.redis_conn import resolve_redis_url
 
     url = resolve_redis_url(settings, start_embedded=False) if not settings.redis_url else settings.redis_url
     client = connect(url, timeout=settings.redis_timeout_seconds)
     try:
-        info = client.info("server")
-        click.echo(f"redis {info['redis_version']} at {url.split('@')[-1]}")
-        warning = eviction_warning(client)
-        if warning:
-            click.echo(f"warning: {warning}", err=True)
+        try:
+            info = client.info("server")
+            checks = lane_redis_checks(client)
+        except (redis.RedisError, RedisUnavailable) as exc:
+            click.echo(f"Redis at {url.split('@')[-1]} did not answer: {exc}", err=True)
+            raise SystemExit(3) from None
+        click.echo(f"redis {info['redis_version']} at {url.split('@')[-1]} (run_id {info.get('run_id', '?')})")
+        unsafe = False
+        for name, ok, detail in checks:
+            mark = "ok" if ok else ("unknown (CONFIG not allowed)" if ok is None else "UNSAFE for lanes")
+            click.echo(f"  {name:<17} {mark}: {detail}")
+            unsafe = unsafe or ok is False
+        if unsafe:
+            click.echo("this Redis must not hold lanes as configured (see README, 'The lanes' Redis')", err=True)
+            raise SystemExit(1)
     finally:
         client.close()

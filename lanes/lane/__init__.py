@@ -35,11 +35,28 @@ Design notes (the choices ARCHITECTURE.md leaves open):
   ``book.py``); the scripts are the same.
 - *State loss*: a script that finds no state recreates it with a new epoch
   and grants nothing for one lease period, during which live holders
-  re-register (capped at W). A failover to a replica that missed the last
-  grants is not detectable this way: the replica has state, just stale
-  state, so it may re-grant slots whose grants it never saw. Running
-  ``WAIT 1 <ms>`` after each grant would make a grant count only once a
-  replica has it (at one more round trip per acquire); we do not do that.
+  re-register (capped at W). Stale state (a restart that loaded an older
+  snapshot, a failover to a replica that missed the last grants) is found
+  by the server's run_id: the sync runner learns it once per connection and
+  sends it with every script, and a state written by another server process
+  starts over the same way, with an epoch past the old one. The asyncio lane,
+  Cluster and bounded pools cannot send it: the lanes' Redis must not persist
+  (README, "The lanes' Redis"; ``lanes redis status`` checks).
+- *Faults* (issue 9): every script is idempotent, so a lost reply is asked
+  again rather than re-sent blindly (``_lua.ReplyLost``); a holder is told
+  ``lost`` from its own clock a guard before its lease, counted from its last
+  successful renewal's send time, can end (renewal calls run on threads of
+  their own, never one behind another); a woken waiter's lease counts from
+  the last call that found it queued; a waiter's lease travels in its queue
+  entry; after a fork the child gets its own hubs and ids.
+- *Left as they are, on purpose*: a waiter whose doorbell connection is
+  reconnecting at the instant of its grant is dropped (the grant finds no
+  listener, and an unheard grant is taken back so that a crashed process
+  never strands a slot) and rejoins at the back of its class after its next
+  renewal: an order break, never an over-admission or a lost slot. A
+  half-open doorbell connection is not probed: each grant to that process
+  then waits for the renewal that reports it (at most one renewal period);
+  the client's ``socket_keepalive`` options bound how long it stays half-open.
 """
 
 from lanes.lane.aio import AsyncLane

@@ -34,6 +34,14 @@ except ImportError:  # pragma: no cover - a client without hiredis packs through
     HiredisRespSerializer = _hiredis_pack = None
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
+from lanes.lane.base import text
+
+class ReplyLost(ConnectionError):
+    """A script call was sent but its reply never came (a timeout or a broken
+    connection after the send): the script may or may not have run. Never
+    re-sent blindly; the lane decides (see ``Lane._run``)."""
+
+
 NAMES = ("acquire", "release", "leave", "renew", "resize", "peek", "provision")
 
 _INCLUDE = re.compile(r"^--! include ([a-z_ ]+)$")
@@ -93,11 +101,12 @@ class SyncRunner:
     connections it keeps checked out of the client's pool in a small free
     list (taken and returned with atomic list operations; at most
     ``KEEP_IDLE`` idle, and only on a plain pool of at least
-    ``MIN_POOL_ROOM`` connections; redis-py 8's default is 100). A connection that
-    fails, or is interrupted between send and reply, is dropped (disconnected
-    and given back to the pool) and the call is made again through
-    ``execute_command``, so the client's own retry policy and reconnection
-    apply exactly as before. After a fork the child's runners drop their
+    ``MIN_POOL_ROOM`` connections; redis-py 8's default is 100). A connection
+    that fails before the command was wholly sent is dropped (disconnected and
+    given back to the pool) and the call goes through ``execute_command``
+    (Redis never runs a partial command). One that fails after the send, while
+    waiting for the reply, is dropped and :class:`ReplyLost` is raised: the
+    script may have run, so it is not sent again here. After a fork the child's runners drop their
     lists (the child must not share the parent's sockets; an
     ``os.register_at_fork`` hook, so no call pays a ``getpid``).
     """
@@ -120,6 +129,8 @@ class SyncRunner:
         _all_runners.add(self)
 
     def __call__(self, name: str, keys: list, args: list):
+        """Run a script; the server's run_id (lib_base.lua RUN) is appended
+        as the last ARGV."""
         script = self.scripts[name]
         try:
             return self._evalsha(script.sha, keys, args)
@@ -127,10 +138,19 @@ class SyncRunner:
             script.sha = self._client().script_load(script.script)
             return self._evalsha(script.sha, keys, args)
 
+    def _fallback(self, sha: str, keys: list, args: list):
+        """redis-py's own path. Without a pool of our own (Cluster: INFO would
+        reach another node; a bounded pool: one more round trip per call) the
+        run_id is not known (''); after a failure on our path it is asked
+        for first, on the same server."""
+        client = self._client()
+        run = "" if self._pool is None else text(client.info("server").get("run_id", ""))
+        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args, run)
+
     def _evalsha(self, sha: str, keys: list, args: list):
         pool = self._pool
         if pool is None:
-            return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
+            return self._fallback(sha, keys, args)
         try:
             conn = self._free.pop()
         except IndexError:
@@ -139,13 +159,16 @@ class SyncRunner:
             try:
                 conn = pool.get_connection()
             except (ConnectionError, TimeoutError, OSError):
-                return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
-        clean = False
+                return self._fallback(sha, keys, args)
+        clean = sent = False
         try:
+            if conn._sock is not getattr(conn, "_lanes_sock", None):
+                _learn_run(conn)
+            with_run = (*args, conn._lanes_run)
             if _hiredis_pack is not None and type(getattr(conn, "_command_packer", None)) is HiredisRespSerializer:
                 # What that packer does, minus its per-argument type checks
                 # (our arguments are str and int only).
-                packed = _hiredis_pack(("EVALSHA", sha, len(keys), *keys, *args))
+                packed = _hiredis_pack(("EVALSHA", sha, len(keys), *keys, *with_run))
                 sock = conn._sock
                 if sock is not None and not conn.health_check_interval:
                     # send_packed_command's own work when connected with no
@@ -155,16 +178,18 @@ class SyncRunner:
                 else:
                     conn.send_packed_command((packed,))
             else:
-                conn.send_command("EVALSHA", sha, len(keys), *keys, *args)
+                conn.send_command("EVALSHA", sha, len(keys), *keys, *with_run)
+            sent = True
             try:
                 reply = conn.read_response()
             except ResponseError:
                 clean = True  # a whole error reply was read: the connection is fine
                 raise
             clean = True
-        except (ConnectionError, TimeoutError, OSError):
-            # Dropped below; the client's own path (retry policy, reconnect) takes over.
-            pass
+        except (ConnectionError, TimeoutError, OSError) as exc:
+            # Dropped below. Not sent: the client's own path (retry policy,
+            # reconnect) takes over. Sent: the reply is lost, the caller decides.
+            failure = exc
         finally:
             if clean and len(self._free) < KEEP_IDLE:
                 self._free.append(conn)
@@ -177,7 +202,9 @@ class SyncRunner:
                     pool.release(conn)
         if clean:
             return reply
-        return self._client().execute_command("EVALSHA", sha, len(keys), *keys, *args)
+        if sent:
+            raise ReplyLost(f"no reply to a lane script call: {failure}") from failure
+        return self._fallback(sha, keys, args)
 
     def close(self) -> None:
         """Give the kept connections back to the pool."""
@@ -186,6 +213,25 @@ class SyncRunner:
             return
         for conn in free:
             self._pool.release(conn)
+
+
+_RUN_ID = re.compile(rb"^run_id:([0-9a-f]+)\r?$", re.MULTILINE)
+
+
+def _learn_run(conn) -> None:
+    """Ask the server this connection reached for its run_id (once per
+    socket: a reconnect may reach another server process). Kept on the
+    connection; '' when INFO is not allowed (the scripts then skip the check)."""
+    conn.send_command("INFO", "server")
+    try:
+        info = conn.read_response()
+    except ResponseError:
+        run = ""
+    else:
+        found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
+        run = found.group(1).decode() if found else ""
+    conn._lanes_run = run
+    conn._lanes_sock = conn._sock
 
 
 _runners: weakref.WeakKeyDictionary[object, SyncRunner] = weakref.WeakKeyDictionary()

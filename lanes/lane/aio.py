@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import weakref
 
@@ -20,14 +21,30 @@ import redis
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import scripts_for
-from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
+from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, Generation, LaneStats
+from lanes.lane.server import check_lane_redis_async
 
 log = logging.getLogger("lanes.lane")
 
 _hubs: "weakref.WeakKeyDictionary[object, dict[str, AsyncHub]]" = weakref.WeakKeyDictionary()
+
+
+def _reset_hubs_after_fork() -> None:
+    """In a forked child: the hubs' tasks and connections are the parent's
+    (as in hub.py): closed without I/O, their permits lost here."""
+    for by_prefix in list(_hubs.values()):
+        for hub in list(by_prefix.values()):
+            hub.closed = True
+            hub._tasks = []
+            hub._pubsub = None
+            hub.book.orphan("the process forked: this wait belongs to the parent")
+    _hubs.clear()
+
+
+os.register_at_fork(after_in_child=_reset_hubs_after_fork)
 
 
 class AsyncHub:
@@ -67,17 +84,17 @@ class AsyncHub:
                 pubsub.connection.register_connect_callback(self._on_reconnect)
             self._pubsub = pubsub
             try:
-                policy = (await self.client.config_get("maxmemory-policy")).get("maxmemory-policy")
-                if policy and text(policy) != "noeviction":
-                    log.warning("Redis maxmemory-policy is %r: an eviction of a lane's keys would "
-                                "over-admit; set 'maxmemory-policy noeviction'", text(policy))
+                for _, ok, detail in await check_lane_redis_async(self.client):
+                    if ok is False:
+                        log.warning("Redis is unsafe for lanes: %s", detail)
             except redis.RedisError:
-                pass  # CONFIG disabled (managed Redis): nothing to read
+                pass  # unreadable: nothing to say
             self._tasks = [asyncio.create_task(self._listen(), name="lanes-doorbell"),
                            asyncio.create_task(self._renew_loop(), name="lanes-renewer")]
 
     async def close(self) -> None:
         self.closed = True
+        self.book.abandon("the lane's client was closed (AsyncLane.close)")
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -122,18 +139,31 @@ class AsyncHub:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
     async def _renew_loop(self) -> None:
+        """Plans renewals and times leases (see SyncHub._renew_loop): each
+        renewal call is a task of its own, never awaited here."""
+        calls: set[asyncio.Task] = set()
         while not self.closed:
-            upcoming = self.book.next_wakeup()
             now = time.monotonic()
+            self.book.expire(now)
+            upcoming = self.book.next_wakeup()
             if upcoming is None or upcoming > now:
                 self._changed.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._changed.wait(), None if upcoming is None else upcoming - now)
                 continue
             for slot, entries in self.book.due_batches(time.monotonic()):
-                await self._renew(slot, entries)
+                task = asyncio.create_task(self._renew(slot, entries))
+                calls.add(task)  # kept referenced until done
+                task.add_done_callback(calls.discard)
 
     async def _renew(self, slot, entries) -> None:
+        try:
+            await self._renew_call(slot, entries)
+        finally:
+            slot.renewing -= 1
+            self._changed.set()  # the renewer plans this lane again
+
+    async def _renew_call(self, slot, entries) -> None:
         lane = slot.lane
         sent_at = time.monotonic()
         try:
@@ -164,7 +194,9 @@ class AsyncLane(LaneBase):
         scripts = self._scripts
         if scripts is None:
             scripts = self._scripts = scripts_for(self.client)
-        return await scripts[name](keys=self._key_list, args=args)
+        # run '' (lib_base.lua): redis-py's own path picks the connection, so
+        # the server's run_id is not known here (see README, the lanes' Redis).
+        return await scripts[name](keys=self._key_list, args=[*args, ""])
 
     async def _run(self, name: str, args: list, what: str):
         try:
@@ -206,7 +238,14 @@ class AsyncLane(LaneBase):
         hub = await self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
-        parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True)
+        try:
+            parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True)
+        except BaseException:
+            # The script may have granted before the reply was lost: give it back.
+            with contextlib.suppress(AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                await asyncio.shield(self._leave(hub, Waiter(id=holder_id, priority=priority,
+                                                             member=self.member_of(holder_id, 0)), "cancels"))
+            raise
         if parsed[0] != "granted":
             return None
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
@@ -222,7 +261,8 @@ class AsyncLane(LaneBase):
         hub = await self._start_hub()
         started = time.monotonic()
         waiter_id = new_id(hub.token)
-        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms))
+        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
+                        renewed_at=started)
         # One round trip when a slot is free: the waiter is registered with the
         # hub only once the script says we wait (the hub keeps an early doorbell).
         queued = True  # until the first reply says otherwise; then: in the queue, no outcome yet
@@ -252,8 +292,12 @@ class AsyncLane(LaneBase):
                 if outcome[0] == "granted":
                     hub.book.remove_waiter(waiter.id)
                     queued = False
-                    lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
-                    return self._permit(hub, waiter.id, outcome[1], priority, started, lease_until)
+                    # Bounded by the last call that found us queued (see Lane._start_granted_lease).
+                    permit = self._permit(hub, waiter.id, outcome[1], priority, started,
+                                          waiter.renewed_at + self.lease_seconds)
+                    if time.monotonic() > permit._lease_until:
+                        permit._mark_lost()
+                    return permit
                 if outcome[0] in ("timeouts", "cancels"):
                     queued = False
                     await self._leave(hub, waiter, outcome[0])
@@ -273,6 +317,7 @@ class AsyncLane(LaneBase):
                     hub.book.remove_waiter(waiter.id)
                     queued = False
                     return self._permit(hub, waiter.id, parsed[1], priority, started, started_call + self.lease_seconds)
+                waiter.renewed_at = started_call
         except BaseException:
             if queued:
                 # Task cancelled or Redis failed mid-wait: leave the queue,
@@ -330,7 +375,7 @@ class AsyncLane(LaneBase):
         return int(reply[0]) == 1
 
     async def _hand_off_rest(self) -> None:
-        for _ in range(self.owner_width() // 256 + 2):
+        for _ in range(HAND_OFF_CALLS_MAX):  # see Lane._hand_off_rest
             reply = await self._run("renew", [self.lease_ms, self.width_arg(False)], f"handing off on {self.key!r}")
             if text(reply[0]) == "nostate" or not int(reply[2]):
                 return

@@ -27,8 +27,20 @@ UNAVAILABLE = (
     redis.exceptions.TryAgainError,
 )
 
+# Follow-up handoff calls after a release or resize that said "more" (256
+# grants each): bounds the loop at a million grants.
+HAND_OFF_CALLS_MAX = 4096
+
 _ids = itertools.count(1)
-_process_token = None
+
+
+def _new_ids_after_fork() -> None:
+    # A child's ids start afresh under its own hub's token (hub.py resets the hubs).
+    global _ids
+    _ids = itertools.count(1)
+
+
+os.register_at_fork(after_in_child=_new_ids_after_fork)
 
 
 def new_id(token: str) -> str:
@@ -76,6 +88,10 @@ class LaneBase:
             raise InvalidInput(
                 f"renew_seconds {renew_seconds!r} must be positive and shorter than lease_seconds {lease_seconds}")
         self.lease_seconds = float(lease_seconds)
+        # How long before its local lease end a holder that could not renew
+        # is told lost (Book.expire): a tenth of the lease, at most 0.5 s, and
+        # less than half the slack between a renewal and the lease's end.
+        self.lost_guard = min(0.1 * self.lease_seconds, 0.5, (self.lease_seconds - renew) / 2)
         self.lease_ms = max(1, int(round(lease_seconds * 1000)))
         self.renew_seconds = float(renew)
         # In Cluster, PUBLISH counts only the receivers on the lane's own node,
@@ -84,7 +100,7 @@ class LaneBase:
 
     def member_of(self, waiter_id: str, timeout_ms: int) -> str:
         """A waiter's record in the lane's queue, as acquire.lua writes it."""
-        return f"{self.notify_flag}:{timeout_ms}:{waiter_id}"
+        return f"{self.notify_flag}:{timeout_ms}:{self.lease_ms}:{waiter_id}"
 
     @staticmethod
     def _check_width(width) -> int:
@@ -145,7 +161,7 @@ class LaneBase:
         measured = int(reply[6]) == 1
         samples: dict[Priority, list[float]] = {p: [] for p in Priority}
         every: list[float] = []
-        for raw in reply[14:]:
+        for raw in reply[15:]:
             prio, ms = text(raw).split(":")
             seconds = int(ms) / 1000.0
             samples[Priority(int(prio))].append(seconds)
@@ -158,7 +174,7 @@ class LaneBase:
             wait_p95_by_priority={p: percentile(samples[p], 95) for p in Priority},
             grants=int(reply[7]), timeouts=int(reply[8]), cancels=int(reply[9]), expired=int(reply[10]),
             lapsed_waiters=int(reply[11]), epoch=int(text(reply[12])), quiet_seconds=int(reply[13]) / 1000.0,
-            samples=len(every))
+            samples=len(every), repairs=int(reply[14]))
 
     @staticmethod
     def forecast_from(stats: LaneStats, priority: Priority) -> float | None:

@@ -47,14 +47,26 @@ class Slot:
     waiters: dict[str, Waiter] = field(default_factory=dict)
     due: float = 0.0                # next renewal (monotonic)
     wake_at: float | None = None    # earliest event that may free a slot (waiters wake then)
+    # Earliest local lease end among the holders (None: none known): the
+    # renewer wakes then to tell them lost, whether or not a renewal answered.
+    expiry: float | None = None
+    renewing: int = 0               # renewal calls of this lane in flight (none is started meanwhile)
 
     def empty(self) -> bool:
         return not self.holders and not self.waiters
 
-    def next_time(self) -> float:
-        if self.waiters and self.wake_at is not None:
-            return min(self.due, self.wake_at)
-        return self.due
+    def next_time(self) -> float | None:
+        times = [] if self.expiry is None else [self.expiry]
+        if not self.renewing:
+            times.append(self.due)
+            if self.waiters and self.wake_at is not None:
+                times.append(self.wake_at)
+        return min(times) if times else None
+
+    def note_lease(self, permit: Permit) -> None:
+        until = permit._lease_until - self.lane.lost_guard
+        if self.expiry is None or until < self.expiry:
+            self.expiry = until
 
 
 class Book:
@@ -100,7 +112,9 @@ class Book:
         while pending:
             lane, permit, waiter_id = pending.popleft()
             self._unregister_waiter(waiter_id)
-            self._slot(lane).holders[permit.holder_id] = permit
+            slot = self._slot(lane)
+            slot.holders[permit.holder_id] = permit
+            slot.note_lease(permit)
 
     def add_waiter(self, lane, waiter: Waiter) -> None:
         if self.pending:
@@ -128,7 +142,9 @@ class Book:
     def add_holder(self, lane, permit: Permit) -> None:
         if self.pending:
             self._fold_pending()
-        self._slot(lane).holders[permit.holder_id] = permit
+        slot = self._slot(lane)
+        slot.holders[permit.holder_id] = permit
+        slot.note_lease(permit)
 
     def remove_holder(self, lane, holder_id: str) -> None:
         if self.pending:
@@ -148,6 +164,37 @@ class Book:
                 slot.wake_at = at
                 return at < slot.due
         return False
+
+    def abandon(self, message: str) -> None:
+        """The hub stops (``Lane.close``): nobody renews these entries any
+        more, so every holder is told lost now (it may still release) and
+        every waiter ends unavailable, rather than lapsing unannounced."""
+        if self.pending:
+            self._fold_pending()
+        for slot in self.slots.values():
+            for permit in slot.holders.values():
+                if not permit._released:
+                    permit._mark_lost()
+            for waiter in slot.waiters.values():
+                if waiter.outcome is None:
+                    waiter.outcome = ("unavailable", message)
+                    waiter.wake()
+
+    def orphan(self, message: str) -> None:
+        """In a forked child: every entry is the parent's. Holders are lost
+        here (and cannot be released here); waiters end unavailable."""
+        for slot in list(self.slots.values()):
+            for permit in list(slot.holders.values()):
+                permit._orphan()
+            for waiter in list(slot.waiters.values()):
+                if waiter.outcome is None:
+                    waiter.outcome = ("unavailable", message)
+        for _, permit, _ in list(self.pending):
+            permit._orphan()
+        self.slots = {}
+        self.waiter_slot = {}
+        self.pending.clear()
+        self.unclaimed = {}
 
     def kick_all(self) -> None:
         """Renew every lane with waiters now (e.g. after the doorbell reconnected)."""
@@ -175,8 +222,32 @@ class Book:
     # --- renewal ----------------------------------------------------------------------
 
     def next_wakeup(self) -> float | None:
-        times = [slot.next_time() for slot in self.slots.values()]
+        times = [t for t in (slot.next_time() for slot in self.slots.values()) if t is not None]
         return min(times) if times else None
+
+    def expire(self, now: float) -> None:
+        """Tell every holder whose local lease is ending that it is lost, from
+        the clock alone: its last successful renewal (or grant) was sent
+        almost a lease ago, so the server may soon reap and re-grant its slot,
+        whether or not a renewal is still waiting for a reply. ``lost_guard``
+        before the end, so that a late thread wake-up still sets ``lost``
+        before the server can re-grant (a healthy holder renews long before)."""
+        if self.pending:
+            self._fold_pending()
+        for slot in self.slots.values():
+            if slot.expiry is None or slot.expiry > now:
+                continue
+            earliest = None
+            guard = slot.lane.lost_guard
+            for permit in slot.holders.values():
+                if permit._released or permit._lost:
+                    continue
+                until = permit._lease_until - guard
+                if until <= now:
+                    permit._mark_lost()
+                elif earliest is None or until < earliest:
+                    earliest = until
+            slot.expiry = earliest
 
     def due_batches(self, now: float) -> list[tuple[Slot, list[tuple[str, Any]]]]:
         """(slot, entries) chunks of every lane that is due; entries are
@@ -185,7 +256,10 @@ class Book:
             self._fold_pending()
         out = []
         for slot in list(self.slots.values()):
-            if slot.next_time() > now:
+            if slot.renewing:
+                continue
+            upcoming = min(slot.due, slot.wake_at) if slot.waiters and slot.wake_at is not None else slot.due
+            if upcoming > now:
                 continue
             if slot.empty():
                 del self.slots[id(slot.lane)]
@@ -194,12 +268,15 @@ class Book:
             slot.wake_at = None
             entries: list[tuple[str, Any]] = [("h", p) for p in slot.holders.values()
                                               if not p.released and not p._lost]
+            slot.expiry = min((p._lease_until - slot.lane.lost_guard for _, p in entries), default=None)
             entries += [("w", w) for w in slot.waiters.values() if w.outcome is None]
             if not entries:
                 out.append((slot, []))
+                slot.renewing += 1
                 continue
             for start in range(0, len(entries), BATCH):
                 out.append((slot, entries[start:start + BATCH]))
+                slot.renewing += 1
         return out
 
     @staticmethod
@@ -214,7 +291,9 @@ class Book:
         return args
 
     def apply(self, slot: Slot, entries, reply, sent_at: float, now: float) -> bool:
-        """Apply one renew reply. Returns whether the lane has more to hand off."""
+        """Apply one renew reply (the call's ``renewing`` count is the
+        caller's to take back). Returns whether the lane has more to hand off.
+        A holder already told lost stays lost, whatever a late reply says."""
         lane = slot.lane
         self.note_event(lane, int(reply[1]), now)
         for (kind, item), raw in zip(entries, reply[3:]):
@@ -222,6 +301,7 @@ class Book:
             if kind == "h":
                 if code in ("ok", "rereg"):
                     item._lease_until = sent_at + lane.lease_seconds
+                    slot.note_lease(item)
                 else:
                     item._mark_lost()
             elif item.outcome is None:

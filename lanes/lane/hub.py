@@ -17,7 +17,13 @@ that client.
 - The **renewer** thread sleeps on a condition until the next lane is due:
   its renewal period, or (for lanes where we wait) the earliest lease expiry
   the scripts reported, so crashed holders are reaped and their slots handed
-  off even when no one else acts. No polling: it wakes only for those times.
+  off even when no one else acts, or a holder's lease is about to end with no
+  renewal answered (it is told ``lost`` then, from the clock alone). No
+  polling: it wakes only for those times. It never waits for Redis itself:
+  each renewal call runs on a short-lived thread of its own, one at a time
+  per lane, so a call stuck until its socket timeout holds up nothing else.
+- After ``os.fork`` the child drops the parent's hubs (their threads,
+  sockets, token) without touching them and makes its own on next use.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from lanes.lane.base import UNAVAILABLE, new_token, text
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import Generation, Permit
+from lanes.lane.server import check_lane_redis
 from lanes.lane.wire import READ_SIZE, read_reply
 
 log = logging.getLogger("lanes.lane")
@@ -51,6 +58,22 @@ def _close_fds(*fds: int) -> None:
             pass
 
 
+def _reset_hubs_after_fork() -> None:
+    """In a forked child: the hubs, their threads, tokens and sockets are the
+    parent's. Each is marked closed without touching its connection (a new
+    hub with its own token, subscription and renewer is made on next use),
+    and every permit it kept is the parent's: lost here."""
+    global _hubs_lock
+    _hubs_lock = threading.Lock()  # another thread may have held it at the fork
+    for by_prefix in list(_hubs.values()):
+        for hub in list(by_prefix.values()):
+            hub._orphan()
+    _hubs.clear()
+
+
+os.register_at_fork(after_in_child=_reset_hubs_after_fork)
+
+
 def hub_for(client, prefix: str) -> "SyncHub":
     with _hubs_lock:
         by_prefix = _hubs.setdefault(client, {})
@@ -61,7 +84,8 @@ def hub_for(client, prefix: str) -> "SyncHub":
 
 
 def close_hubs(client) -> None:
-    """Stop the listener and renewer of ``client`` (permits stop being renewed)."""
+    """Stop the listener and renewer of ``client``: its permits, on every lane
+    of that client, stop being renewed and are told lost at once."""
     with _hubs_lock:
         hubs = list(_hubs.pop(client, {}).values())
     for hub in hubs:
@@ -128,17 +152,19 @@ class SyncHub:
             self._threads = threads
 
     def _warn_eviction(self) -> None:
+        """Warn once per hub when the Redis is not what lanes need (server.py)."""
         try:
-            policy = self.client.config_get("maxmemory-policy").get("maxmemory-policy")
+            checks = check_lane_redis(self.client)
         except redis.RedisError:
-            return  # CONFIG disabled (managed Redis) or unreadable: nothing to say
-        if policy and text(policy) != "noeviction":
-            log.warning("Redis maxmemory-policy is %r: an eviction of a lane's keys would over-admit; "
-                        "set 'maxmemory-policy noeviction'", text(policy))
+            return  # unreadable: nothing to say
+        for _, ok, detail in checks:
+            if ok is False:
+                log.warning("Redis is unsafe for lanes: %s", detail)
 
     def close(self) -> None:
         with self._cond:
             self.closed = True
+            self.book.abandon("the lane's client was closed (Lane.close)")
             self._cond.notify_all()
         self._poke()  # a leading waiter stops reading now
         for thread in self._threads:
@@ -151,6 +177,17 @@ class SyncHub:
                 pass
             finally:
                 self._reader.release()
+
+    def _orphan(self) -> None:
+        # No locks (their holders may not exist in the child), no socket calls.
+        self.closed = True
+        self._threads = []
+        self._pubsub = None
+        self.lock = threading.Lock()
+        self._cond = threading.Condition(self.lock)
+        self._reader = threading.Lock()
+        self._start_lock = threading.Lock()
+        self.book.orphan("the process forked: this wait belongs to the parent")
 
     def _on_reconnect(self, connection) -> None:
         with self._cond:
@@ -357,10 +394,15 @@ class SyncHub:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
     def _renew_loop(self) -> None:
+        """Plans renewals and times leases; never waits for Redis itself.
+        Each renewal call runs on a thread of its own, so a call stuck until
+        its socket timeout neither delays other lanes' renewals nor the
+        moment a holder is told lost (``Book.expire``)."""
         while True:
             with self._cond:
                 while not self.closed:
                     now = time.monotonic()
+                    self.book.expire(now)
                     upcoming = self.book.next_wakeup()
                     if upcoming is not None and upcoming <= now:
                         break
@@ -369,9 +411,18 @@ class SyncHub:
                     return
                 batches = self.book.due_batches(time.monotonic())
             for slot, entries in batches:
-                self._renew(slot, entries)
+                threading.Thread(target=self._renew, args=(slot, entries), name="lanes-renew-call",
+                                 daemon=True).start()
 
     def _renew(self, slot, entries) -> None:
+        try:
+            self._renew_call(slot, entries)
+        finally:
+            with self._cond:
+                slot.renewing -= 1
+                self._cond.notify_all()  # the renewer plans this lane again
+
+    def _renew_call(self, slot, entries) -> None:
         lane = slot.lane
         sent_at = time.monotonic()
         try:

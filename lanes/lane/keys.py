@@ -14,7 +14,7 @@ change of layout takes a new prefix instead of misreading old keys)::
 The lane key (the caller's stable id, e.g. ``pool:42``) is the hash tag, so
 every key of one lane lives in one Redis Cluster slot and one script can touch
 them all. Scripts never build key names: they receive these in ``KEYS``. A
-waiter record is ``notify:timeout_ms:id`` (see scripts/lib_base.lua).
+waiter record is ``notify:timeout_ms:lease_ms:id`` (see scripts/lib_base.lua).
 """
 
 from __future__ import annotations

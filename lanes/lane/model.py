@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +30,15 @@ class Generation(NamedTuple):
 
 # Guards the lazy creation of Permit.lost against a concurrent _mark_lost.
 _lost_lock = threading.Lock()
+
+
+def _new_lost_lock_after_fork() -> None:
+    # Another thread of the parent may have held it at the fork.
+    global _lost_lock
+    _lost_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lost_lock_after_fork)
 
 
 class Permit:
@@ -91,6 +101,14 @@ class Permit:
             event = self._lost_event
         if event is not None:
             event.set()
+
+    def _orphan(self) -> None:
+        """In a forked child: this permit is the parent's (the parent renews
+        and releases it). Lost here, and releasing it here changes nothing."""
+        self._release_lock = threading.Lock()
+        self._release_lock.acquire()
+        self._released = True
+        self._mark_lost()
 
     def _claim_release(self) -> bool:
         """True exactly once: the caller that gets True sends the release."""
@@ -171,6 +189,9 @@ class LaneStats:
     quiet_seconds: float
     exists: bool = True
     samples: int = field(default=0)
+    # Times a script found the in-flight count apart from the holder entries
+    # and repaired it (an eviction, or a count from an older script run twice).
+    repairs: int = field(default=0)
 
     @property
     def queued_total(self) -> int:

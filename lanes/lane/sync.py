@@ -6,8 +6,8 @@ import threading
 import time
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
-from lanes.lane._lua import close_runner, runner_for
-from lanes.lane.base import UNAVAILABLE, LaneBase, new_id, text, unavailable
+from lanes.lane._lua import ReplyLost, close_runner, runner_for
+from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, text, unavailable
 from lanes.lane.book import Waiter
 from lanes.lane.cancel import PLAIN_EVENT_CHECK_SECONDS, CancelEvent
 from lanes.lane.hub import SyncHub, close_hubs, hub_for
@@ -35,6 +35,17 @@ class Lane(LaneBase):
         return runner(name, self._key_list, args)
 
     def _run(self, name: str, args: list, what: str):
+        """Run a script; a lost reply is asked once more. Every lane script is
+        idempotent (an acquire for an id that holds or waits answers with that
+        state, a release or leave of what is gone changes nothing, a renewal
+        sets the same lease again), so asking again only reads what the lost
+        call did. Raises RedisUnavailable."""
+        try:
+            return self._script(name, args)
+        except ReplyLost:
+            pass
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, what) from exc
         try:
             return self._script(name, args)
         except UNAVAILABLE as exc:
@@ -85,7 +96,16 @@ class Lane(LaneBase):
         hub = self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
-        parsed = self._acquire_call(hub, holder_id, priority, 0, True, True)
+        try:
+            parsed = self._acquire_call(hub, holder_id, priority, 0, True, True)
+        except BaseException:
+            # The script may have granted before the reply was lost: give it back.
+            try:
+                self._leave(hub, Waiter(id=holder_id, priority=priority,
+                                        member=self.member_of(holder_id, 0)), "cancels")
+            except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
+                pass
+            raise
         if parsed[0] != "granted":
             return None
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
@@ -120,7 +140,7 @@ class Lane(LaneBase):
         if parsed[0] == "granted":
             return self._permit(hub, waiter_id, parsed[1], priority, started, started + self.lease_seconds)
         waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
-                        epoch=parsed[1])
+                        epoch=parsed[1], renewed_at=started)
         deadline = None if timeout is None else started + timeout
         return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel)
 
@@ -152,9 +172,7 @@ class Lane(LaneBase):
                     permit.generation = outcome[1]
                     permit.waited_seconds = now - started
                     permit.acquired_at = now
-                    # The doorbell rang after the server granted: count the
-                    # lease from one renewal period earlier, to be safe.
-                    permit._lease_until = outcome[2] + self.lease_seconds - self.renew_seconds
+                    self._start_granted_lease(permit, waiter, now)
                     hub.add_holder(self, permit, waiter.id)
                     return permit
                 if outcome[0] in ("timeouts", "cancels"):
@@ -178,6 +196,7 @@ class Lane(LaneBase):
                     return self._permit(hub, waiter.id, parsed[1], waiter.priority, started,
                                         sent_at + self.lease_seconds)
                 waiter.epoch = parsed[1]
+                waiter.renewed_at = sent_at
                 hub.note_event(self, parsed[2])
         except BaseException:
             if queued:
@@ -192,6 +211,16 @@ class Lane(LaneBase):
             if isinstance(cancel, CancelEvent):
                 cancel.remove_callback(wake)
             hub.promote(waiter)
+
+    def _start_granted_lease(self, permit: Permit, waiter: Waiter, now: float) -> None:
+        """A woken waiter's lease. The server granted after it last found the
+        waiter queued (the call that queued it, or a renewal answering 'q'),
+        so the lease runs at least until that call's send time + the lease:
+        a bound that holds however late the doorbell is read (a paused
+        process). Already past it: the slot may be someone else's now."""
+        permit._lease_until = waiter.renewed_at + self.lease_seconds
+        if now > permit._lease_until:
+            permit._mark_lost()
 
     def _wait(self, hub: SyncHub, waiter: Waiter, event: threading.Event, deadline: float | None,
               cancel: threading.Event | None) -> tuple:
@@ -233,9 +262,21 @@ class Lane(LaneBase):
         if not permit._claim_release():
             return False
         gen = permit.generation
+        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms]
+        sent_at = time.monotonic()
         try:
-            reply = self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
-                              f"releasing on lane {self.key!r}")
+            try:
+                reply = self._script("release", args)
+            except ReplyLost:
+                # Asked again (fenced: it changes nothing if the lost call ran).
+                # Sent within the local lease, the lost call found the holder
+                # entry still there (the server's lease ends later), so an
+                # entry gone now was released by it.
+                reply = self._run("release", args, f"releasing on lane {self.key!r}")
+                if not int(reply[0]) and sent_at <= permit._lease_until and not permit._lost:
+                    reply = [1, reply[1]]
+            except UNAVAILABLE as exc:
+                raise unavailable(exc, f"releasing on lane {self.key!r}") from exc
         finally:
             # After the call, off the handoff's path: a renewal racing it skips
             # the permit (it is marked released), so this order is safe.
@@ -247,7 +288,11 @@ class Lane(LaneBase):
 
     def _hand_off_rest(self) -> None:
         # A script grants at most 256 per call; keep going while it says more.
-        for _ in range(self.owner_width() // 256 + 2):
+        # Each call that says more granted 256, so the loop ends once the
+        # slots or the waiters run out, whatever the width now is (a resize
+        # may have made it larger than the owner's); the cap only bounds a
+        # lane that keeps filling as fast as it drains.
+        for _ in range(HAND_OFF_CALLS_MAX):
             reply = self._run("renew", [self.lease_ms, self.width_arg(False)], f"handing off on {self.key!r}")
             if text(reply[0]) == "nostate" or not int(reply[2]):
                 return
@@ -281,7 +326,9 @@ class Lane(LaneBase):
                                   priority)
 
     def close(self) -> None:
-        """Stop this client's background listener and renewer (at shutdown)."""
+        """Stop this client's background listener and renewer (at shutdown).
+        They serve every lane on the same client: all of that client's
+        permits are told lost at once (release them as usual)."""
         close_hubs(self.client)
         close_runner(self.client)
         self._scripts = None

@@ -29,6 +29,7 @@ def make_lane(redis_url):
         lane = Lane(client, key, width=width, lease_seconds=lease_seconds, renew_seconds=renew_seconds, **kwargs)
         if provision:
             lane.provision()
+        lane.make_url = redis_url  # for a test's child process to reach the same database
         return lane
 
     build.url = redis_url
@@ -156,3 +157,20 @@ def local_cluster(tmp_path):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture
+def fault_proxy(redis_url):
+    """A :class:`tests.lane.faultproxy.FaultProxy` in front of each Redis under
+    test; ``proxy.client_url`` reaches the same database through it."""
+    from urllib.parse import urlparse
+
+    from tests.lane.faultproxy import FaultProxy
+
+    parsed = urlparse(redis_url)
+    proxy = FaultProxy(parsed.hostname or "127.0.0.1", parsed.port or 6379)
+    db = int((parsed.path or "/0").strip("/") or 0)
+    proxy.client_url = proxy.url(db)
+    proxy.direct_url = redis_url
+    yield proxy
+    proxy.close()

@@ -8,6 +8,7 @@ by every process of the machine:
    "o" outcome, "g" [epoch, counter]}            written after acquire returns
   {"k": "r", "id", "t"}                            written before release
   {"k": "lost", "id"}                              a lease was lost
+  {"k": "unreleased", "id"}                        the release did not reach Redis (faults)
 """
 
 from __future__ import annotations
@@ -36,13 +37,13 @@ class RecordingLane(Lane):
 
 
 def run(url: str, key: str, width: int, lease: float, renew: float, count: int, threads: int,
-        record_path: str, seed: int, hold_max: float) -> None:
+        record_path: str, seed: int, hold_max: float, socket_timeout: float = 10.0) -> None:
     fd = os.open(record_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
 
     def log(entry: dict) -> None:
         os.write(fd, (json.dumps(entry, separators=(",", ":")) + "\n").encode())
 
-    client = redis.Redis.from_url(url, socket_timeout=10)
+    client = redis.Redis.from_url(url, socket_timeout=socket_timeout, socket_connect_timeout=socket_timeout)
     lane = RecordingLane(client, key, width=width, lease_seconds=lease, renew_seconds=renew)
     per_thread = count // threads
 
@@ -77,11 +78,15 @@ def run(url: str, key: str, width: int, lease: float, renew: float, count: int, 
             log(entry)
             if permit is None:
                 continue
-            time.sleep(rng.uniform(0, hold_max))
+            if not permit.lost.is_set():  # a permit lost at once (a late doorbell) is not used
+                time.sleep(rng.uniform(0, hold_max))
             if permit.lost.is_set():
                 log({"k": "lost", "id": permit.holder_id})
             log({"k": "r", "id": permit.holder_id, "t": time.monotonic_ns()})
-            permit.release()
+            try:
+                permit.release()
+            except RedisUnavailable:
+                log({"k": "unreleased", "id": permit.holder_id})  # its lease brings the slot back
 
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for thread in pool:

@@ -23,8 +23,8 @@ CHANNEL = "lanes:test:wake:model"
 
 
 def member(wid: str) -> str:
-    """A waiter's queue record (notify 0, no wait limit), as acquire.lua writes it."""
-    return f"0:-1:{wid}"
+    """A waiter's queue record (notify 0, no wait limit, the model's lease), as acquire.lua writes it."""
+    return f"0:-1:{LEASE_MS}:{wid}"
 
 
 class Model:
@@ -79,7 +79,7 @@ class LaneMachine(RuleBasedStateMachine):
         self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         self.pubsub.subscribe(CHANNEL)
         self.pubsub.get_message(timeout=1.0)  # confirmation
-        self.scripts["provision"](keys=self.keys, args=[width])
+        self.scripts["provision"](keys=self.keys, args=[width, ""])  # run '' = unknown (lib_base.lua)
         self.model = Model(width)
         self.ids = itertools.count()
         self.generations: dict[str, tuple[int, int]] = {}
@@ -92,7 +92,7 @@ class LaneMachine(RuleBasedStateMachine):
             self.client.close()
 
     def run(self, name, args):
-        return self.scripts[name](keys=self.keys, args=args)
+        return self.scripts[name](keys=self.keys, args=[*args, ""])  # run '' = unknown (lib_base.lua)
 
     def doorbells(self) -> list[str]:
         # Doorbells published by a script are delivered before a message

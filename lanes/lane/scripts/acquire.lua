@@ -7,11 +7,16 @@
 -- ARGV[5] width        owner's width if the state must be recreated; '' = ask
 -- ARGV[6] try_only     1 = never queue
 -- ARGV[7] notify       1 = drop this waiter if a grant finds nobody listening
--- ARGV[8] fresh        1 = first call with this id (it cannot hold or be queued
---                      yet, so those checks are skipped); 0 = check
+-- ARGV[8] fresh        1 = first call with this id (its previous entry is not
+--                      looked for); 0 = a rejoin
 -- ARGV[9] previous     0 only: the member of this id's earlier queue entry
 --                      ('' = none), removed so a rejoin makes no second entry
--- A queued waiter's member is ARGV[7] .. ':' .. ARGV[3] .. ':' .. ARGV[1].
+-- ARGV[10] run         run_id of the server the caller reached ('' = unknown; lib_base.lua)
+-- A queued waiter's member is ARGV[7]:ARGV[3]:ARGV[4]:ARGV[1] (notify, timeout,
+-- its own lease, id): the lease travels with the entry, so a slot handed to
+-- this waiter gets the waiter's lease, whoever hands it over.
+-- Idempotent: a call for an id that already holds or waits (a call re-sent
+-- after its reply was lost) answers with that state and changes nothing.
 -- Returns one of:
 --   {'granted', epoch, counter}
 --   {'queued', epoch, next_event_ms}   wait for the doorbell on the wake channel
@@ -28,25 +33,33 @@ local now = math.floor(us / 1000)
 -- and a slot free. Inline, with
 -- no helper beyond lib_base, so it creates no closure and no table of its own.
 if ARGV[8] == '1' then
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight')
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight', 'run')
   local reap_at = tonumber(m[3])
   local inflight = tonumber(m[5])
-  if m[1] and reap_at and inflight and now < reap_at
+  -- Only on a state this server process wrote (RUN, lib_base.lua).
+  if m[1] and reap_at and inflight and now < reap_at and (m[6] == RUN or RUN == '')
       and inflight < tonumber(m[1]) and redis.call('ZCARD', K_QUEUE) == 0 then
     local counter = tonumber(m[4]) + 1
     local deadline = now + lease_ms
-    -- now, counter and deadline are below 10^14: '..' writes them exactly.
-    if deadline < reap_at then
-      redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, 'reap_at', deadline)
-    else
-      redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+    -- NX: a call re-sent after its reply was lost finds its own entry and
+    -- changes nothing (inflight counts only entries really added).
+    if redis.call('ZADD', K_HOLDERS, 'NX', deadline, id) == 1 then
+      -- now, counter and deadline are below 10^14: '..' writes them exactly.
+      if deadline < reap_at then
+        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, 'reap_at', deadline)
+      else
+        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+      end
+      redis.call('HSET', K_HINFO, id, m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2])
+      if redis.call('LPUSH', K_WAITS, ARGV[2] .. ':0') > WAITS_KEEP + WAITS_SLACK then
+        redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
+      end
+      return {'granted', m[2], counter}
     end
-    redis.call('ZADD', K_HOLDERS, deadline, id)
-    redis.call('HSET', K_HINFO, id, m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2])
-    if redis.call('LPUSH', K_WAITS, ARGV[2] .. ':0') > WAITS_KEEP + WAITS_SLACK then
-      redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
+    local held = redis.call('HGET', K_HINFO, id)
+    if held then
+      return {'granted', string.match(held, '^(%d+):(%d+):')}
     end
-    return {'granted', m[2], counter}
   end
 end
 
@@ -56,22 +69,26 @@ if not st then return {'nostate'} end
 reap_due(st, now)
 local queued = redis.call('ZCARD', K_QUEUE)
 if queued > 0 then
-  grant_free(st, now, lease_ms)
+  grant_free(st, now)
   queued = redis.call('ZCARD', K_QUEUE)
 end
 
-if ARGV[8] ~= '1' then
-  -- A repeated call with the same id (a waiter rejoining after its place
-  -- lapsed) must not make a second entry or a second holder.
-  local held = redis.call('HGET', K_HINFO, id)
-  if held then
-    local epoch, counter = parse_hinfo(held)
-    return {'granted', epoch, counter}
-  end
-  if ARGV[9] and ARGV[9] ~= '' and redis.call('ZREM', K_QUEUE, ARGV[9]) == 1 then
-    redis.call('ZREM', K_WEXP, ARGV[9])
-    queued = queued - 1
-  end
+-- A repeated call with the same id (a call re-sent after its reply was
+-- lost, fresh or not, or a waiter rejoining after its place lapsed) must not
+-- make a second entry or a second holder: it answers with what the id has.
+local held = redis.call('HGET', K_HINFO, id)
+if held then
+  local epoch, counter = parse_hinfo(held)
+  return {'granted', epoch, counter}
+end
+local member = ARGV[7] .. ':' .. ARGV[3] .. ':' .. ARGV[4] .. ':' .. id
+if ARGV[8] ~= '1' and ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= member
+    and redis.call('ZREM', K_QUEUE, ARGV[9]) == 1 then
+  redis.call('ZREM', K_WEXP, ARGV[9])
+  queued = queued - 1
+end
+if redis.call('ZSCORE', K_QUEUE, member) then
+  return {'queued', fmt(st.epoch), next_event(st, now)}
 end
 
 if now >= st.quiet_until and queued == 0 and st.inflight < st.width then
@@ -88,7 +105,6 @@ if seq <= last then seq = last + 1 end
 redis.call('HSET', K_META, 'seq', fmt(seq))
 local wexp = now + lease_ms
 if timeout_ms >= 0 and now + timeout_ms < wexp then wexp = now + timeout_ms end
-local member = ARGV[7] .. ':' .. ARGV[3] .. ':' .. id
 -- fmt: '..' and redis.call would write this 16-digit score in 14 digits.
 redis.call('ZADD', K_QUEUE, fmt(prio * PRIO_SPAN + seq), member)
 redis.call('ZADD', K_WEXP, wexp, member)

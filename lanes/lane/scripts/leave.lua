@@ -4,7 +4,9 @@
 -- KEYS: the six lane keys (see lib_base.lua).
 -- ARGV[1] member    the waiter's member (see lib_base.lua)
 -- ARGV[2] reason    'timeouts' or 'cancels' (the counter to bump)
--- ARGV[3] lease_ms  lease for the holder a returned slot is handed to
+-- ARGV[3] lease_ms  the caller's lease (a returned slot handed on gets the
+--                   next waiter's own lease, carried in its queue entry)
+-- ARGV[4] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns 'left' (was queued), 'returned' (had been granted; slot passed on)
 -- or 'gone' (already removed: its deadline or lease had lapsed, counted then).
 --! include reap handoff
@@ -30,5 +32,5 @@ elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
 end
 if outcome ~= 'gone' then redis.call('HINCRBY', K_META, reason, 1) end
 reap(st, now)
-grant_free(st, now, lease_ms)
+grant_free(st, now)
 return outcome

@@ -12,7 +12,8 @@
 --   KEYS[1] meta     hash  width, epoch, counter (last generation), inflight
 --                          (holders), seq (last enqueue stamp), quiet_until (ms),
 --                          reap_at (ms), returned, timeouts, cancels, expired,
---                          lapsed, hold_ewma_ms
+--                          lapsed, hold_ewma_ms, run (run_id of the server
+--                          that wrote the state), restarts, repairs
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
 --   KEYS[4] queue    zset  waiter -> priority * PRIO_SPAN + seq (class, then arrival)
@@ -20,7 +21,7 @@
 --   KEYS[6] waits    list  recent admission waits "priority:ms", newest first
 --
 -- A waiter's member (in queue and wexp) is its whole record,
--- "notify:timeout_ms:id", so the head of the queue comes with everything a
+-- "notify:timeout_ms:lease_ms:id" (lease_ms: the waiter's own lease), so the head of the queue comes with everything a
 -- grant needs and a waiter leaves with ZREM alone. notify 1 = the grant must
 -- reach a subscriber or the waiter is dropped; timeout_ms -1 = no wait limit.
 -- seq is the enqueue time in microseconds since the epoch, raised past the
@@ -38,6 +39,13 @@
 -- script reaps in full and stores the exact bound.
 local K_META, K_HOLDERS, K_HINFO, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local K_WEXP, K_WAITS = KEYS[5], KEYS[6]
+
+-- The last ARGV of every script: the run_id of the Redis server the caller's
+-- connection reached ('' = not known: no check). meta 'run' holds the run_id
+-- of the server that wrote the state; a state written by another server
+-- process (an older snapshot restored at a restart, AOF's lost last second,
+-- a failover to a replica) is not trusted: see lib_state.lua reincarnate.
+local RUN = ARGV[#ARGV]
 
 -- 2^51: seq is below it for 71 years of a lane's state, and priority * 2^51
 -- + seq stays an exact double for the three priorities (0..2).

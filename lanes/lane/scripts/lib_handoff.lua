@@ -6,7 +6,7 @@
 -- waiter's mailbox); the message is only the doorbell, and a waiter whose
 -- doorbell is lost finds the grant at its next renewal.
 -- Returns true when slots and waiters remain after GRANT_MAX steps.
-local function grant_free(st, now, lease_ms)
+local function grant_free(st, now)
   if now < st.quiet_until then return false end
   local steps = 0
   while st.width - st.inflight > 0 and steps < GRANT_MAX do
@@ -20,9 +20,11 @@ local function grant_free(st, now, lease_ms)
     else
       redis.call('ZREM', K_QUEUE, member)
       redis.call('ZREM', K_WEXP, member)
-      local notify, _, id = parse_waiter(member)
+      -- The waiter's own lease, not the caller's: with two lease settings
+      -- on one lane, a holder's lease is always the one it renews by.
+      local notify, _, id, own_lease = parse_waiter(member)
       local prio = math.floor(score / PRIO_SPAN)
-      local counter = grant(st, id, prio, now, lease_ms)
+      local counter = grant(st, id, prio, now, own_lease)
       local heard = redis.call('PUBLISH', channel_of(id),
         id .. ' ' .. fmt(st.epoch) .. ' ' .. fmt(counter))
       if notify == '1' and heard == 0 then
@@ -45,7 +47,9 @@ end
 local function next_event(st, now)
   local best = -1
   local first = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
-  if #first == 2 then best = tonumber(first[2]) - now + 1 end
+  -- An entry already past its lease (more expired than one reap removes)
+  -- is due now: 1 ms, never a negative time nobody would wake for.
+  if #first == 2 then best = math.max(1, tonumber(first[2]) - now + 1) end
   if st.quiet_until > now and (best < 0 or st.quiet_until - now < best) then
     best = st.quiet_until - now
   end

@@ -17,9 +17,9 @@ end
 local function grant(st, id, prio, now, lease_ms)
   local counter = redis.call('HINCRBY', K_META, 'counter', 1)
   local deadline = now + lease_ms
-  redis.call('ZADD', K_HOLDERS, deadline, id)
+  -- inflight follows the entries: it moves only when one is really added.
+  if redis.call('ZADD', K_HOLDERS, deadline, id) == 1 then add_inflight(st, 1) end
   redis.call('HSET', K_HINFO, id, fmt(st.epoch) .. ':' .. fmt(counter) .. ':' .. fmt(now) .. ':' .. prio)
-  add_inflight(st, 1)
   lower_reap_at(st, deadline)
   return counter, deadline
 end
@@ -27,9 +27,8 @@ end
 -- Remove a holder. info (its hinfo entry) is given when it released normally:
 -- its hold time then feeds the EWMA.
 local function unhold(st, id, now, info)
-  redis.call('ZREM', K_HOLDERS, id)
+  if redis.call('ZREM', K_HOLDERS, id) == 1 then add_inflight(st, -1) end
   redis.call('HDEL', K_HINFO, id)
-  add_inflight(st, -1)
   if info then
     local _, _, granted = parse_hinfo(info)
     local hold = now - granted

@@ -1,10 +1,11 @@
 -- lib_queue.lua: waiter entries (queue and wexp; the member is the record).
 --! include base
 
--- The fields of a waiter's member: notify ('1'/'0'), timeout_ms, id.
+-- The fields of a waiter's member: notify ('1'/'0'), timeout_ms, id, and the
+-- waiter's own lease (ms), which a slot handed to it gets.
 local function parse_waiter(member)
-  local notify, timeout, id = string.match(member, '^(%d):(%-?%d+):(.+)$')
-  return notify, tonumber(timeout), id
+  local notify, timeout, lease, id = string.match(member, '^(%d):(%-?%d+):(%d+):(.+)$')
+  return notify, tonumber(timeout), id, tonumber(lease)
 end
 
 -- The wake channel of the process a waiter id belongs to.

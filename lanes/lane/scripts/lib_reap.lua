@@ -9,6 +9,16 @@ local function reap(st, now)
   if #gone > 0 then redis.call('HINCRBY', K_META, 'expired', #gone) end
   local lapsed = redis.call('ZRANGEBYSCORE', K_WEXP, '-inf', now, 'LIMIT', 0, REAP_MAX)
   for i = 1, #lapsed do drop_waiter(st, lapsed[i], now) end
+  -- inflight must equal the holder entries after every script. If it does
+  -- not (a holder set evicted under a maxmemory policy, or a count written
+  -- by an older script that was run twice), the entries are the truth:
+  -- repair the count and record it ('repairs', shown by stats).
+  local holding = redis.call('ZCARD', K_HOLDERS)
+  if holding ~= st.inflight then
+    st.inflight = holding
+    redis.call('HSET', K_META, 'inflight', holding)
+    redis.call('HINCRBY', K_META, 'repairs', 1)
+  end
   local next_at = NEVER
   local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')
   if #h == 2 then next_at = tonumber(h[2]) end

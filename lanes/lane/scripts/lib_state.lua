@@ -6,8 +6,25 @@
 -- asks the owner (catalog or constructor) and calls again.
 local function load_state(now, width_arg, lease_ms)
   local m = redis.call('HMGET', K_META, 'width', 'epoch', 'quiet_until', 'reap_at',
-    'hold_ewma_ms', 'inflight')
+    'hold_ewma_ms', 'inflight', 'run')
+  if m[1] and m[7] and RUN ~= '' and m[7] ~= RUN then
+    -- Written by another server process: a restart that loaded an older
+    -- snapshot (or an AOF missing its last second), or a failover. Its
+    -- holders and waiters may be stale (a grant made after the snapshot is
+    -- not in it), so none is trusted: a new epoch, past the old one even if
+    -- this server's clock is behind, and the quiet period in which live
+    -- holders re-register, exactly as after a loss. Width and statistics stay.
+    redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP)
+    local epoch = math.max(now, tonumber(m[2]) + 1)
+    local quiet = now + lease_ms
+    redis.call('HSET', K_META, 'epoch', fmt(epoch), 'counter', 0, 'inflight', 0, 'seq', 0,
+      'quiet_until', fmt(quiet), 'reap_at', 0, 'run', RUN)
+    redis.call('HINCRBY', K_META, 'restarts', 1)
+    return {width = tonumber(m[1]), epoch = epoch, quiet_until = quiet, reap_at = 0,
+      ewma = tonumber(m[5]), inflight = 0}
+  end
   if m[1] then
+    if not m[7] and RUN ~= '' then redis.call('HSET', K_META, 'run', RUN) end
     return {width = tonumber(m[1]), epoch = tonumber(m[2]), quiet_until = tonumber(m[3]),
       reap_at = tonumber(m[4]) or 0, ewma = tonumber(m[5]), inflight = tonumber(m[6]) or 0}
   end
@@ -20,7 +37,7 @@ local function load_state(now, width_arg, lease_ms)
   redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP)
   local quiet = now + lease_ms
   redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0, 'inflight', 0,
-    'seq', 0, 'quiet_until', fmt(quiet))
+    'seq', 0, 'quiet_until', fmt(quiet), 'run', RUN)
   return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, inflight = 0}
 end
 

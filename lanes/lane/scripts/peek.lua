@@ -1,19 +1,20 @@
 -- peek.lua: read the lane's statistics (and reap, so counts are current).
 -- KEYS: the six lane keys (see lib_base.lua).
--- ARGV[1] lease_ms  lease for holders a reap hands slots to
+-- ARGV[1] lease_ms  the caller's lease (the quiet period if the state must start over)
 -- ARGV[2] samples   1 = include the admission-wait samples (stats), 0 = not
 --                   (forecast: O(log n), no list read)
+-- ARGV[3] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {} when the lane has no state, else
 --   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
 --    measured (1 once a hold was timed), grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
---    samples...}
+--    repairs (times inflight was found apart from the holder entries and repaired), samples...}
 --! include reap handoff
 local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, '', lease_ms)
 if not st then return {} end
 reap(st, now)
-grant_free(st, now, lease_ms)
+grant_free(st, now)
 local m = redis.call('HMGET', K_META, 'hold_ewma_ms', 'counter', 'timeouts', 'cancels', 'expired',
   'lapsed', 'returned')
 -- grants = generations handed out minus grants taken back (see lib_base.lua)
@@ -30,6 +31,7 @@ out[#out + 1] = fmt(st.epoch)
 local quiet = st.quiet_until - now
 if quiet < 0 then quiet = 0 end
 out[#out + 1] = quiet
+out[#out + 1] = tonumber(redis.call('HGET', K_META, 'repairs')) or 0
 if ARGV[2] == '1' then
   local samples = redis.call('LRANGE', K_WAITS, 0, WAITS_KEEP - 1)
   for i = 1, #samples do out[#out + 1] = samples[i] end

@@ -3,28 +3,33 @@
 -- ARGV[1] id        holder id
 -- ARGV[2] epoch     generation the holder was given ...
 -- ARGV[3] counter   ... both must match, or nothing changes (fencing)
--- ARGV[4] lease_ms  lease for the holder the slot is handed to
+-- ARGV[4] lease_ms  the releaser's lease (a slot handed off gets the waiter's
+--                   own, carried in its queue entry)
+-- ARGV[5] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {released (1/0), more (1/0)}: more = slots and waiters remain
 -- beyond this call's bounded handoff.
 --! include base
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
-local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight')
+local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight',
+  'run')
 if not m[1] then return {0, 0} end   -- state lost: nothing of ours is recorded
-local info = redis.call('HGET', K_HINFO, id)
+-- A state another server process wrote (RUN, lib_base.lua) is untrusted: the
+-- slow path below starts it over (load_state), so nothing of ours is recorded.
+local stale = RUN ~= '' and m[7] and m[7] ~= RUN
+local info = not stale and redis.call('HGET', K_HINFO, id)
 local released = 0
 local inflight = tonumber(m[6]) or 0
 local ewma   -- the hold-time EWMA with this hold fed in, written once below
 if info then
   local epoch, counter, granted = string.match(info, '^(%d+):(%d+):(%d+):')
   if epoch == ARGV[2] and counter == ARGV[3] then
-    -- Inline unhold (lib_hold.lua).
-    redis.call('ZREM', K_HOLDERS, id)
+    -- Inline unhold (lib_hold.lua): inflight moves only if an entry went.
+    inflight = inflight - redis.call('ZREM', K_HOLDERS, id)
     redis.call('HDEL', K_HINFO, id)
     local hold = now - tonumber(granted)
     ewma = tonumber(m[3])
     if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
-    inflight = inflight - 1
     released = 1
   end
 end
@@ -34,13 +39,13 @@ local reap_at = tonumber(m[2]) or 0
 -- goes to the head waiter, popped with its record. Nothing is due for
 -- reaping, so the head's wexp score (>= reap_at > now) has not passed: the
 -- head is live. The same writes as grant_free's step (lib_handoff.lua);
--- inflight is unchanged (one out, one in), and the counter and the EWMA go
--- in one HSET.
-local lean = now < reap_at and tonumber(m[4]) - inflight == 1
+-- inflight (moved by the entries really removed and added), the counter and
+-- the EWMA go in one HSET.
+local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1
 local head
 if lean then
   head = redis.call('ZPOPMIN', K_QUEUE)
-elseif now < reap_at and redis.call('ZCARD', K_QUEUE) == 0 then
+elseif not stale and now < reap_at and redis.call('ZCARD', K_QUEUE) == 0 then
   head = {}
 end
 if head and #head == 0 then
@@ -53,18 +58,18 @@ end
 if head then
   local member, score = head[1], tonumber(head[2])
   redis.call('ZREM', K_WEXP, member)
-  local notify, wid = string.match(member, '^(%d):%-?%d+:(.+)$')   -- lib_queue.lua parse_waiter
+  -- lib_queue.lua parse_waiter: the lease is the waiter's own (it travels with its entry).
+  local notify, own_lease, wid = string.match(member, '^(%d):%-?%d+:(%d+):(.+)$')
   local counter = (tonumber(m[5]) or 0) + 1
+  local deadline = now + tonumber(own_lease)
+  inflight = inflight + redis.call('ZADD', K_HOLDERS, deadline, wid)
   if ewma then
-    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma))
+    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight)
     ewma = nil
   else
-    redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+    redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight)
   end
-  inflight = inflight + 1
-  local deadline = now + lease_ms
   local prio = math.floor(score / PRIO_SPAN)
-  redis.call('ZADD', K_HOLDERS, deadline, wid)
   -- now, counter and prio are below 10^14: '..' writes them exactly.
   redis.call('HSET', K_HINFO, wid, m[1] .. ':' .. counter .. ':' .. now .. ':' .. prio)
   if deadline < reap_at then redis.call('HSET', K_META, 'reap_at', deadline) end
@@ -75,9 +80,8 @@ if head then
   if notify == '1' and heard == 0 then
     -- Nobody listens for this waiter: take the slot back (as grant_free
     -- does) and let the slow path below hand it to the next one.
-    redis.call('ZREM', K_HOLDERS, wid)
+    inflight = inflight - redis.call('ZREM', K_HOLDERS, wid)
     redis.call('HDEL', K_HINFO, wid)
-    inflight = inflight - 1
     redis.call('HSET', K_META, 'inflight', inflight)
     redis.call('HINCRBY', K_META, 'returned', 1)
     redis.call('HINCRBY', K_META, 'lapsed', 1)
@@ -96,5 +100,5 @@ if ewma then redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'infligh
 local st = load_state(now, '', lease_ms)
 reap_due(st, now)
 local more = false
-if redis.call('ZCARD', K_QUEUE) > 0 then more = grant_free(st, now, lease_ms) end
+if redis.call('ZCARD', K_QUEUE) > 0 then more = grant_free(st, now) end
 return {released, more and 1 or 0}

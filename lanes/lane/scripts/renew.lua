@@ -10,6 +10,7 @@
 --   epoch    holder: epoch of its generation; waiter: epoch it queued in
 --   counter  holder: counter of its generation; waiter: 0
 --   priority
+-- ARGV[last] run    run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {epoch, next_event_ms, more, code_1, ..., code_n} (or {'nostate'}):
 --   holder: 'ok' renewed | 'rereg' re-registered after a state loss | 'lost'
 --   waiter: 'q' still queued (place renewed) | 'g:<epoch>:<counter>' granted
@@ -19,7 +20,7 @@ local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, ARGV[2], lease_ms)
 if not st then return {'nostate'} end
-local n = (#ARGV - 2) / 5
+local n = (#ARGV - 3) / 5   -- the last ARGV is run
 local codes = {}
 local deadline = now + lease_ms
 for i = 0, n - 1 do
@@ -40,9 +41,8 @@ for i = 0, n - 1 do
       -- A holder from before a state loss, inside the quiet period: take it
       -- back with its old generation (new grants all carry the new, larger
       -- epoch). Capped at the width: the lane never admits more than W.
-      redis.call('ZADD', K_HOLDERS, deadline, id)
+      if redis.call('ZADD', K_HOLDERS, deadline, id) == 1 then add_inflight(st, 1) end
       redis.call('HSET', K_HINFO, id, epoch .. ':' .. counter .. ':' .. fmt(now) .. ':' .. prio)
-      add_inflight(st, 1)
       code = 'rereg'
     else
       code = 'lost'
@@ -74,7 +74,7 @@ for i = 0, n - 1 do
   codes[#codes + 1] = code
 end
 reap(st, now)
-local more = grant_free(st, now, lease_ms)
+local more = grant_free(st, now)
 local out = {fmt(st.epoch), next_event(st, now), more and 1 or 0}
 for i = 1, #codes do out[#out + 1] = codes[i] end
 return out
