@@ -24,6 +24,7 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.cancel import CancelRegistry
 from workers.gate import BackgroundGate
+from workers.presence import PresenceHeartbeat
 
 log = logging.getLogger("lanes.worker")
 
@@ -73,11 +74,14 @@ def create_app(
     background_queue: str | None = None,
 ) -> Celery:
     settings = settings or load_settings()
-    redis_url = resolve_redis_url(settings)
+    # The recorded address, never a newly started embedded server: a worker
+    # that lost its Redis reconnects to the same address when it comes back.
+    redis_url = resolve_redis_url(settings, start_embedded=False)
     app = make_celery(settings, redis_url, main="lanes-worker")
     context = WorkerContext(settings, redis_url, background_limit=background_limit, background_queue=background_queue)
     app.lanes_context = context
     app.steps["consumer"].add(ConsumerHandle)
+    app.steps["worker"].add(PresenceHeartbeat)
 
     @signals.worker_shutting_down.connect(weak=False)
     def _cancel_waits(**_) -> None:

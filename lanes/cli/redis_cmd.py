@@ -35,10 +35,12 @@ def stop(settings) -> None:
 @command.command()
 @pass_settings
 def status(settings) -> None:
-    """Say which Redis Lanes uses and whether it is safe for lanes."""
-    from lanes.redis_conn import resolve_redis_url
+    """Say which state folder and which Redis Lanes uses, and whether it is safe for lanes."""
+    from lanes.embedded import client_redis_url
+    from lanes.settings import describe_state_dir
 
-    url = resolve_redis_url(settings, start_embedded=False) if not settings.redis_url else settings.redis_url
+    click.echo(f"state folder: {describe_state_dir(settings)}")
+    url = client_redis_url(settings)
     client = connect(url, timeout=settings.redis_timeout_seconds)
     try:
         info = client.info("server")
