@@ -52,8 +52,12 @@ class Binding:
 
     @classmethod
     def loads(cls, raw: bytes) -> "Binding":
-        data = json.loads(raw)
-        return cls(task_id=data["task_id"], fingerprint=data["request"], sent=bool(data["sent"]))
+        try:
+            data = json.loads(raw)
+            return cls(task_id=data["task_id"], fingerprint=data["request"], sent=bool(data["sent"]))
+        except (ValueError, KeyError, TypeError):
+            # Not written by this module (a bare task id): bound, to no request we can match.
+            return cls(task_id=raw.decode(errors="replace"), fingerprint="", sent=True)
 
 
 class IdempotencyKey:
