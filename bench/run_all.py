@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROGRAMS = ["bench_lane.py", "bench_routing.py", "bench_control.py"]
+PROGRAMS = ["bench_lane.py", "bench_routing.py", "bench_control.py", "bench_cli.py"]
 
 
 def main(argv: list[str]) -> int:

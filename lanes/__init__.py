@@ -3,32 +3,26 @@
 Import public names from here; the modules behind them are private detail.
 """
 
-from lanes.errors import (
-    AcquireCancelled,
-    AcquireTimeout,
-    BackendError,
-    BackendOverloaded,
-    CandidatesExhausted,
-    CapacityWaitTimeout,
-    CatalogInvalid,
-    DatabaseUnavailable,
-    InvalidInput,
-    LaneSignal,
-    LanesError,
-    LeaseLost,
-    RedisUnavailable,
-    RoutingError,
-    ServiceUnavailable,
-)
-from lanes.lane import AsyncLane, AsyncPermit, CancelEvent, Generation, Lane, LaneStats, Permit
-from lanes.priority import Priority
-from lanes.settings import Settings, load_settings
-
 __version__ = "0.1.0"
 
-# Submitting needs Celery and the catalog; import them only when first used so
-# that `import lanes` stays light for code that only wants a Lane.
-_LAZY = {"submit": "lanes.routing.client", "LanesClient": "lanes.routing.client"}
+# Every public name is imported on first use (PEP 562), so that `import lanes`
+# costs nothing: the `lanes` command starts without loading Redis, pydantic or
+# Celery, and code that only wants a Lane never pays for submitting.
+_ERRORS = (
+    "AcquireCancelled", "AcquireTimeout", "BackendError", "BackendOverloaded", "CandidatesExhausted",
+    "CapacityWaitTimeout", "CatalogInvalid", "DatabaseUnavailable", "InvalidInput", "LaneSignal",
+    "LanesError", "LeaseLost", "RedisUnavailable", "RoutingError", "ServiceUnavailable",
+)
+_LAZY = {
+    **{name: "lanes.errors" for name in _ERRORS},
+    **{name: "lanes.lane" for name in ("AsyncLane", "AsyncPermit", "CancelEvent", "Generation", "Lane",
+                                         "LaneStats", "Permit")},
+    "Priority": "lanes.priority",
+    "Settings": "lanes.settings",
+    "load_settings": "lanes.settings",
+    "submit": "lanes.routing.client",
+    "LanesClient": "lanes.routing.client",
+}
 
 
 def __getattr__(name: str):
@@ -39,6 +33,11 @@ def __getattr__(name: str):
         globals()[name] = value
         return value
     raise AttributeError(f"module 'lanes' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "LanesClient",

@@ -30,6 +30,14 @@ def fleet_queues(fleet: str) -> tuple[str, str]:
     return base, f"{base}.background"
 
 
+def fleet_of_queue(queue: str) -> str | None:
+    """The fleet whose queue ``queue`` is, or None for a queue Lanes does not name."""
+    if not queue.startswith(QUEUE_PREFIX):
+        return None
+    fleet = queue[len(QUEUE_PREFIX):].removesuffix(".background")
+    return fleet or None
+
+
 def queue_for(fleet: str, priority: Priority) -> str:
     foreground, background = fleet_queues(fleet)
     return background if priority is Priority.BACKGROUND else foreground
@@ -44,7 +52,10 @@ def celery_config(settings: Settings, redis_url: str) -> dict:
         "accept_content": ["json"],
         "result_accept_content": ["json"],
         "result_expires": settings.result_ttl_seconds,
-        "result_extended": True,
+        # A result keeps the answer, never the request: the task's arguments
+        # (the prompt, a privacy workflow's text) would otherwise sit in the
+        # no-eviction Redis for result_expires after the work is done.
+        "result_extended": False,
         # Prefetch defeats priority: take one message per free thread, ack after.
         "task_acks_late": True,
         "task_reject_on_worker_lost": True,
@@ -54,6 +65,10 @@ def celery_config(settings: Settings, redis_url: str) -> dict:
         "worker_send_task_events": True,
         "task_send_sent_event": True,
         "broker_connection_retry_on_startup": True,
+        # A worker whose Redis went away waits for it to come back at the same
+        # address (the embedded server keeps one port per state folder) rather
+        # than giving up after a hundred tries.
+        "broker_connection_max_retries": None,
         "broker_transport_options": {
             # Longer than any lane wait may last: a task is never redelivered
             # while it still waits or runs (background waits give their place

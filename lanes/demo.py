@@ -107,8 +107,7 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
 
         _wait_for_workers(client, fleets, console)
         since = time.time()
-        submitted = _send_workload(client, requests, seed)
-        _follow(submitted, console)
+        submitted = run_workload(client, requests, seed, console)
         report = _summarise(settings, redis_url, table, sim.stats(), submitted, since)
         _print_report(report, console)
 
@@ -197,9 +196,9 @@ def _wait_for_workers(client: LanesClient, fleets: list[str], console: Console, 
     raise RuntimeError(f"fleet workers did not start within {timeout:.0f}s: missing {sorted(wanted - seen)}")
 
 
-def _send_workload(client: LanesClient, total: int, seed: int) -> list[Submitted]:
+def plan_workload(table, total: int, seed: int) -> list[tuple[str, Priority, str | None, float | None]]:
+    """(workflow, priority, priority override, deadline) of every request, in sending order."""
     rng = random.Random(seed)
-    table = client.table()
     plan: list[tuple[str, str | None, float | None]] = []
     for workflow, priority, deadline, share in WORKLOAD:
         if workflow in table.workflows:
@@ -208,13 +207,7 @@ def _send_workload(client: LanesClient, total: int, seed: int) -> list[Submitted
     background = [p for p in plan if _priority(table, p) is Priority.BACKGROUND]
     others = [p for p in plan if _priority(table, p) is not Priority.BACKGROUND]
     rng.shuffle(others)
-    submitted = []
-    for workflow, priority, deadline in background + others:
-        route = table.workflows[workflow]
-        payload = EMBED if route.candidates[0].kind == "embedding" else CHAT
-        result = client.submit(workflow, payload, priority=priority, deadline=deadline)
-        submitted.append(Submitted(workflow, _priority(table, (workflow, priority, deadline)), result, time.monotonic()))
-    return submitted
+    return [(w, _priority(table, (w, p, d)), p, d) for w, p, d in background + others]
 
 
 def _priority(table, item) -> Priority:
@@ -222,21 +215,47 @@ def _priority(table, item) -> Priority:
     return Priority.parse(priority) if priority else table.workflows[workflow].priority
 
 
-def _follow(submitted: list[Submitted], console: Console, timeout: float = 300.0) -> None:
-    columns = [TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+def run_workload(client: LanesClient, total: int, seed: int, console: Console,
+                 timeout: float = 300.0) -> list[Submitted]:
+    """Send the workload and follow it on one display, from the first submission.
+
+    Each priority's bar counts answers against the requests planned for it;
+    the sent count beside it moves as requests go out. (Following only after
+    everything was sent showed background bars that jumped to nearly full:
+    their answers had come in while the rest was still being sent.)
+    """
+    table = client.table()
+    plan = plan_workload(table, total, seed)
+    planned = {p: sum(1 for item in plan if item[1] is p) for p in Priority}
+    columns = [TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("answered · {task.fields[sent]} sent"), TimeElapsedColumn()]
+    submitted: list[Submitted] = []
     with Progress(*columns, console=console) as progress:
-        bars = {
-            p: progress.add_task(p.label, total=sum(1 for s in submitted if s.priority is p))
-            for p in Priority
-        }
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not all(s.done for s in submitted):
-            for s in submitted:
-                if not s.done and s.result.ready():
-                    s.done, s.ok = True, s.result.successful()
-                    s.seconds = time.monotonic() - s.started
-                    progress.advance(bars[s.priority])
+        bars = {p: progress.add_task(p.label, total=planned[p], sent=0) for p in Priority}
+        sent = dict.fromkeys(Priority, 0)
+        polled = time.monotonic()
+        for workflow, priority, override, deadline in plan:
+            payload = EMBED if table.workflows[workflow].candidates[0].kind == "embedding" else CHAT
+            result = client.submit(workflow, payload, priority=override, deadline=deadline)
+            submitted.append(Submitted(workflow, priority, result, time.monotonic()))
+            sent[priority] += 1
+            progress.update(bars[priority], sent=sent[priority])
+            if time.monotonic() - polled >= 0.1:  # one read per unanswered task, so not after every send
+                _collect_answers(submitted, progress, bars)
+                polled = time.monotonic()
+        deadline_at = time.monotonic() + timeout
+        while time.monotonic() < deadline_at and not all(s.done for s in submitted):
+            _collect_answers(submitted, progress, bars)
             time.sleep(0.1)
+    return submitted
+
+
+def _collect_answers(submitted: list[Submitted], progress: Progress, bars: dict) -> None:
+    for s in submitted:
+        if not s.done and s.result.ready():
+            s.done, s.ok = True, s.result.successful()
+            s.seconds = time.monotonic() - s.started
+            progress.advance(bars[s.priority])
 
 
 def _percentile(values: list[float], q: float) -> float | None:

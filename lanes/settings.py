@@ -6,7 +6,10 @@ Nothing here runs at import: call :func:`load_settings` (or build
 
 from __future__ import annotations
 
+import difflib
+import os
 from pathlib import Path
+from typing import Mapping
 from urllib.parse import urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -27,8 +30,64 @@ def mask_url(url: str | None) -> str | None:
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
 
 
+STATE_FOLDER_NAME = ".lanes"
+
+# LANES_* variables read outside Settings: the embedded server's binary, the
+# venv of dev.py, the CLI's traceback switch. LANES_TEST_* and LANES_BENCH_*
+# belong to the tests and benchmarks.
+OTHER_VARIABLES = frozenset({"LANES_REDIS_SERVER", "LANES_VENV", "LANES_TRACEBACK"})
+OTHER_PREFIXES = ("LANES_TEST_", "LANES_BENCH_")
+
+REDIS_SCHEMES = ("redis", "rediss", "unix")
+DATABASE_BACKENDS = ("sqlite", "postgresql")
+
+
+def find_state_dir(start: Path | None = None, environ: Mapping[str, str] | None = None) -> tuple[Path, str]:
+    """The state folder to use when ``LANES_STATE_DIR`` is unset, and why.
+
+    The nearest ``.lanes`` folder from ``start`` upward, as git finds ``.git``
+    (so every folder of a project shares one catalog and one Redis), else the
+    user's own state folder (``$XDG_STATE_HOME/lanes``, by default
+    ``~/.local/state/lanes``). Never a new ``.lanes`` in whatever folder a
+    command happens to run in.
+    """
+    environ = os.environ if environ is None else environ
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / STATE_FOLDER_NAME
+        if candidate.is_dir():
+            return candidate, f"the nearest {STATE_FOLDER_NAME} folder from {here}"
+    base = environ.get("XDG_STATE_HOME") or str(Path(environ.get("HOME") or Path.home()) / ".local" / "state")
+    return Path(base) / "lanes", f"the user's state folder (no {STATE_FOLDER_NAME} folder in {here} or above it)"
+
+
 def default_state_dir() -> Path:
-    return Path.cwd() / ".lanes"
+    return find_state_dir()[0]
+
+
+def describe_state_dir(settings: "Settings", environ: Mapping[str, str] | None = None) -> str:
+    """Which state folder ``settings`` use, and where that choice came from."""
+    environ = os.environ if environ is None else environ
+    if environ.get("LANES_STATE_DIR"):
+        return f"{settings.state_dir} (from LANES_STATE_DIR)"
+    found, why = find_state_dir(environ=environ)
+    if found == settings.state_dir:
+        return f"{settings.state_dir} ({why})"
+    return str(settings.state_dir)
+
+
+def unknown_variables(environ: Mapping[str, str] | None = None) -> list[str]:
+    """One warning per ``LANES_*`` variable no part of Lanes reads (a typo, mostly)."""
+    environ = os.environ if environ is None else environ
+    known = {f"LANES_{name.upper()}" for name in Settings.model_fields} | OTHER_VARIABLES
+    warnings = []
+    for name in sorted(environ):
+        if not name.startswith("LANES_") or name in known or name.startswith(OTHER_PREFIXES):
+            continue
+        close = difflib.get_close_matches(name, sorted(known), n=1, cutoff=0.75)
+        hint = f"; did you mean {close[0]}?" if close else "; no setting has that name"
+        warnings.append(f"unknown environment variable {name} is ignored{hint}")
+    return warnings
 
 
 class Settings(BaseSettings):
@@ -77,11 +136,42 @@ class Settings(BaseSettings):
     farm_limits_url: str | None = Field(default=None, description="JSON of the farm's per-service limits")
     lane_check_seconds: float = Field(default=300.0, gt=0, description="period of the lane-config check")
     beat_lock_seconds: float = Field(default=60.0, ge=5, description="a dead beat's lock lapses after this")
+    max_payload_bytes: int = Field(default=1_048_576, ge=1_024, description="largest request payload, as JSON")
+    idempotency_claim_seconds: float = Field(
+        default=10.0, gt=0, description="how long an idempotency key stays bound to a task not yet sent"
+    )
 
     def __init__(self, **values) -> None:
         # Keyword-only: a positional argument would land in pydantic-settings'
         # own private parameters and be silently misread.
         super().__init__(**values)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url_has_a_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme = urlsplit(value).scheme if "://" in value else ""
+        if scheme not in REDIS_SCHEMES:
+            raise ValueError(
+                f"{mask_url(value)!r} is not a Redis URL; write it as redis://HOST:PORT/DB "
+                f"(schemes: {', '.join(s + '://' for s in REDIS_SCHEMES)})"
+            )
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _database_is_supported(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        scheme = urlsplit(value).scheme if "://" in value else ""
+        backend = scheme.split("+", 1)[0]
+        if backend not in DATABASE_BACKENDS:
+            raise ValueError(
+                f"{mask_url(value)!r} is not a supported catalog database; use sqlite:///PATH "
+                "or postgresql+psycopg://USER@HOST/DB"
+            )
+        return value
 
     @field_validator("key_prefix")
     @classmethod

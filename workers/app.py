@@ -24,6 +24,7 @@ from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
 from workers.memgate import MemoryGate, MemoryGateWatcher
+from workers.presence import PresenceHeartbeat
 
 log = logging.getLogger("lanes.worker")
 
@@ -80,13 +81,16 @@ def create_app(
     """The worker app; with ``background``, its worker also consumes that
     queue on a channel of its own (workers/background.py)."""
     settings = settings or load_settings()
-    redis_url = resolve_redis_url(settings)
+    # The recorded address, never a newly started embedded server: a worker
+    # that lost its Redis reconnects to the same address when it comes back.
+    redis_url = resolve_redis_url(settings, start_embedded=False)
     app = make_celery(settings, redis_url, main="lanes-worker")
     context = WorkerContext(settings, redis_url)
     app.lanes_context = context
     app.lanes_background = background
     app.steps["consumer"].add(BackgroundConsumer)
     app.steps["consumer"].add(MemoryGateHandle)
+    app.steps["worker"].add(PresenceHeartbeat)
 
     # The width follower and control loop start with the worker, not with its
     # first task: a freshly (re)started worker must bring lanes to the width

@@ -1,17 +1,20 @@
 """The ``lanes`` command.
 
-Subcommands live in their own modules and are imported only when invoked, so
-``lanes --help`` stays fast and one broken subsystem cannot break the rest.
-Each module exposes a click command or group named ``command``.
+Subcommands live in their own modules and are imported only when invoked:
+``lanes --help`` lists them from the table below without importing any, so it
+stays fast, and one broken subsystem cannot break the rest. Each module
+exposes a click command or group named ``command``.
 
 Exit codes: 0 success, 1 the operation failed, 2 bad input (nothing changed),
-3 a service (Redis, database) did not answer.
+3 a service (Redis, database) did not answer. Every error is one line on
+stderr; ``LANES_TRACEBACK=1`` shows the traceback of an unexpected one.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
+import os
 import sys
 
 import click
@@ -45,6 +48,13 @@ class LanesGroup(click.Group):
     def list_commands(self, ctx: click.Context) -> list[str]:
         return sorted(name for name, (module, _) in SUBCOMMANDS.items() if _module_exists(module))
 
+    def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # click would import every subcommand for its short help; the table has it.
+        rows = [(name, SUBCOMMANDS[name][1]) for name in self.list_commands(ctx)]
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
     def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
         entry = SUBCOMMANDS.get(name)
         if entry is None or not _module_exists(entry[0]):
@@ -63,6 +73,25 @@ class LanesGroup(click.Group):
             _fail(str(exc), EXIT_UNAVAILABLE)
         except LanesError as exc:
             _fail(str(exc), EXIT_FAILED)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except OSError as exc:
+            _fail(*_os_error(exc))
+        except Exception as exc:
+            if os.environ.get("LANES_TRACEBACK"):
+                raise
+            _fail(f"unexpected {type(exc).__name__}: {exc} (LANES_TRACEBACK=1 shows where)", EXIT_FAILED)
+
+
+def _os_error(exc: OSError) -> tuple[str, int]:
+    """A file or socket error as one line and its exit code."""
+    if exc.filename is not None:
+        # A path given by the user or the settings: bad input, nothing was changed.
+        return (f"cannot use {exc.filename}: {exc.strerror or exc}; check the path and its permissions",
+                EXIT_BAD_INPUT)
+    if isinstance(exc, (ConnectionError, TimeoutError)):
+        return f"a service did not answer: {exc}", EXIT_UNAVAILABLE
+    return f"{type(exc).__name__}: {exc}", EXIT_FAILED
 
 
 def _module_exists(module: str) -> bool:

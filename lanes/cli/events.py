@@ -7,7 +7,8 @@ import time
 import click
 
 from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
-from lanes.redis_conn import connect, resolve_redis_url
+from lanes.embedded import client_redis_url
+from lanes.redis_conn import connect
 from lanes.routing.events import EventLog
 
 
@@ -21,7 +22,7 @@ from lanes.routing.events import EventLog
 @pass_settings
 def command(settings, kind, pool, workflow, since, limit, as_json) -> None:
     """List routing events, newest first."""
-    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         log = EventLog(client, prefix=settings.key_prefix)
         events = log.list(

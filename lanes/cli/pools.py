@@ -5,10 +5,11 @@ from __future__ import annotations
 import click
 
 from lanes.catalog import load_routing, open_catalog
-from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
+from lanes.cli.common import emit_json, emit_table, json_option, live_workers, pass_settings
 from lanes.errors import InvalidInput
 from lanes.priority import Priority
-from lanes.redis_conn import connect, eviction_warning, resolve_redis_url
+from lanes.embedded import client_redis_url
+from lanes.redis_conn import connect, eviction_warning
 
 
 def _authority(settings, client):
@@ -42,11 +43,14 @@ def command(ctx, as_json) -> None:
 @json_option
 @pass_settings
 def show(settings, as_json) -> None:
-    """Show every pool's lane as all workers see it."""
+    """Show every pool's lane as all workers see it, and each fleet's live workers."""
     from lanes.pools import learned_applies, running_kinds
 
     table = load_routing(open_catalog(settings, create=False))
-    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    # A fleet is named after its primary pool; other pools have no workers of their own.
+    fleets = sorted({route.fleet for route in table.workflows.values() if route.fleet})
+    workers = live_workers(settings, fleets)
+    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         warning = eviction_warning(client)
         authority = _authority(settings, client)
@@ -73,6 +77,7 @@ def show(settings, as_json) -> None:
                 "timeouts": stats.timeouts,
                 "cancels": stats.cancels,
                 "expired": stats.expired,
+                "live_workers": workers.get(pool.name),
             })
     finally:
         client.close()
@@ -83,13 +88,16 @@ def show(settings, as_json) -> None:
         return
     emit_table(
         "lanes",
-        ["pool", "width", "in flight", "queued i/u/b", "mean hold ms", "wait p50 ms", "wait p95 ms", "grants", "timeouts"],
+        ["pool", "width", "in flight", "queued i/u/b", "workers", "mean hold ms", "wait p50 ms", "wait p95 ms",
+         "grants", "timeouts"],
         [
             [r["pool"], _width_text(r), r["in_flight"],
              "/".join(str(r["queued"][p.label]) for p in Priority),
+             "-" if r["live_workers"] is None else len(r["live_workers"]),
              r["mean_hold_ms"], r["wait_p50_ms"], r["wait_p95_ms"], r["grants"], r["timeouts"]]
             for r in rows
         ],
+        drop_order=["grants", "timeouts", "mean hold ms", "wait p50 ms", "wait p95 ms"],
     )
     controlled = [r for r in rows if r["controllers"]]
     if controlled:
@@ -139,7 +147,7 @@ def set_width(settings, name, width) -> None:
         raise InvalidInput(f"width {width} is not a width >= 1")
     engine = open_catalog(settings, create=False)
     pool = set_pool_width(engine, name, width)
-    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         lane = _lane(settings, client, pool)
         _authority(settings, client).sync(pool, lane)
@@ -160,7 +168,7 @@ def provision(settings) -> None:
     from lanes.routing.runtime import provision_lanes
 
     table = load_routing(open_catalog(settings, create=False))
-    client = connect(resolve_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         created = provision_lanes(client, settings, table)
     finally:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import click
+import redis
 
 from lanes.cli.common import pass_settings
 from lanes.embedded import EmbeddedRedis
-import redis
-
 from lanes.errors import RedisUnavailable
 from lanes.redis_conn import connect, lane_redis_checks
 
@@ -38,11 +37,14 @@ def stop(settings) -> None:
 @command.command()
 @pass_settings
 def status(settings) -> None:
-    """Say which Redis Lanes uses and whether it is safe for lanes: no
-    eviction, no persistence (exit 1 when it is not, 3 when it does not answer)."""
-    from lanes.redis_conn import resolve_redis_url
+    """Say which state folder and which Redis Lanes uses, and whether it is safe
+    for lanes: no eviction, no persistence (exit 1 when it is not, 3 when it
+    does not answer)."""
+    from lanes.embedded import client_redis_url
+    from lanes.settings import describe_state_dir
 
-    url = resolve_redis_url(settings, start_embedded=False) if not settings.redis_url else settings.redis_url
+    click.echo(f"state folder: {describe_state_dir(settings)}")
+    url = client_redis_url(settings)
     client = connect(url, timeout=settings.redis_timeout_seconds)
     try:
         try:

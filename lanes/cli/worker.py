@@ -9,13 +9,30 @@ import click
 
 from lanes.catalog import load_routing, open_catalog
 from lanes.celery_client import HOSTED_FLEET
-from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
-from lanes.errors import InvalidInput
+from lanes.cli.common import emit_json, emit_table, json_option, live_workers, pass_settings
+from lanes.embedded import client_redis_url
+from lanes.errors import InvalidInput, RedisUnavailable
 
 
 def _fleets(settings) -> list[str]:
     table = load_routing(open_catalog(settings, create=False))
     return sorted({route.fleet or HOSTED_FLEET for route in table.workflows.values() if route.candidates})
+
+
+def _list(settings, fleets: list[str], as_json: bool) -> None:
+    try:
+        live = live_workers(settings, fleets)
+    except RedisUnavailable as exc:
+        click.echo(f"warning: live workers unknown: {exc}", err=True)
+        live = None
+    if as_json:
+        emit_json([{"fleet": f, "workers": None if live is None else live[f]} for f in fleets])
+        return
+    rows = []
+    for fleet in fleets:
+        names = None if live is None else live[fleet]
+        rows.append([fleet, "?" if names is None else len(names), "" if not names else ", ".join(names)])
+    emit_table("fleets", ["fleet", "live workers", "names"], rows)
 
 
 @click.command(name="worker")
@@ -29,18 +46,21 @@ def command(settings, fleet, list_fleets, loglevel, as_json) -> None:
 
     The worker runs width x workers-per-lane threads, keeps one of them free of
     background work, and restarts gracefully when the catalog changes its size.
+    With --list: each fleet and its live workers (work for a fleet without one
+    waits in its queue until one starts).
     """
     fleets = _fleets(settings)
     if list_fleets:
-        if as_json:
-            emit_json(fleets)
-        else:
-            emit_table("fleets", ["fleet"], [[f] for f in fleets])
+        _list(settings, fleets, as_json)
         return
     if not fleet:
         raise InvalidInput(f"name a fleet with --fleet (known: {', '.join(fleets) or 'none'})")
     if fleet not in fleets:
         raise InvalidInput(f"unknown fleet {fleet!r} (known: {', '.join(fleets) or 'none'})")
+    # Never start the embedded Redis for a worker: it would be a fresh, empty
+    # server that no client sends to. Once running, the worker rides out
+    # restarts of the server at its recorded address.
+    client_redis_url(settings)
     # The worker lives in the `workers` package, which `lanes` never imports.
     # exec, not a child: SIGTERM from a process manager reaches the supervisor.
     sys.stdout.flush()

@@ -3,10 +3,17 @@
 ``LanesClient.submit`` validates everything against the catalog before
 anything is enqueued; a bad request raises ``InvalidInput`` and leaves no
 trace in Redis.
+
+What is kept, and for how long: the request (payload included) lives only in
+its queue message until a worker has run it; the result keeps the answer and
+the routing trace, never the request's arguments, for ``result_ttl_seconds``
+(24 h by default); an idempotency key keeps the task id and a hash of the
+request for ``idempotency_ttl_seconds``.
 """
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 import uuid
@@ -18,10 +25,12 @@ from celery.result import AsyncResult
 
 from lanes.catalog import RoutingTable, open_catalog
 from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for
+from lanes.embedded import client_redis_url
 from lanes.errors import InvalidInput, RedisUnavailable
-from lanes.namespace import Namespace
+from lanes.presence import WorkerPresence
 from lanes.priority import Priority
-from lanes.redis_conn import connect, resolve_redis_url
+from lanes.redis_conn import connect
+from lanes.routing.idempotency import IdempotencyKey, check_key, request_fingerprint
 from lanes.routing.request import RouteRequest, check_payload, parse_deadline
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
@@ -37,11 +46,12 @@ class LanesClient:
         self.catalog = CatalogView(self.engine)
         self._redis_url = redis_url
 
-    # Redis is reached (and the embedded server started) only once something
-    # is sent or read, so a refused submit has touched nothing.
+    # Redis is reached only once something is sent or read, so a refused
+    # submit has touched nothing. A client never starts the embedded server:
+    # work sent to a fresh one would never reach the workers of the old one.
     @cached_property
     def redis_url(self) -> str:
-        return self._redis_url or resolve_redis_url(self.settings)
+        return self._redis_url or client_redis_url(self.settings)
 
     @cached_property
     def redis(self) -> redis.Redis:
@@ -72,19 +82,26 @@ class LanesClient:
         now = time.time()
         if deadline is None and route.default_deadline_seconds is not None:
             deadline = route.default_deadline_seconds
+        body = check_payload(payload, kind=route.candidates[0].kind, workflow=workflow)
+        self._check_size(workflow, body)
         request = RouteRequest(
             task_id=str(uuid.uuid4()),
             workflow=workflow,
-            payload=check_payload(payload, kind=route.candidates[0].kind, workflow=workflow),
+            payload=body,
             priority=chosen,
             deadline=parse_deadline(deadline, now=now),
             submitted_at=now,
-            idempotency_key=idempotency_key,
+            idempotency_key=None if idempotency_key is None else check_key(idempotency_key),
         )
+        binding = fingerprint = None
         if idempotency_key is not None:
-            if not isinstance(idempotency_key, str) or not idempotency_key.strip() or len(idempotency_key) > 200:
-                raise InvalidInput(f"idempotency key {idempotency_key!r} must be a non-empty string of <= 200 characters")
-            existing = self._claim_key(idempotency_key, request.task_id)
+            binding = IdempotencyKey(
+                self.redis, prefix=self.settings.key_prefix, workflow=workflow, key=idempotency_key,
+                claim_seconds=self.settings.idempotency_claim_seconds,
+                ttl_seconds=self.settings.idempotency_ttl_seconds,
+            )
+            fingerprint = request_fingerprint(workflow, body, chosen.label)
+            existing = binding.claim(request.task_id, fingerprint)
             if existing is not None:
                 return self.celery.AsyncResult(existing)
         try:
@@ -96,38 +113,44 @@ class LanesClient:
                 priority=MESSAGE_PRIORITY[chosen],
             )
         except Exception as exc:
-            if idempotency_key is not None:
+            if binding is not None:
                 try:
-                    self.redis.delete(self._idem_key(idempotency_key))
+                    binding.release(request.task_id)
                 except redis.RedisError:
-                    pass  # the key expires on its own
+                    pass  # the claim lapses on its own
             detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
             raise RedisUnavailable(
                 f"could not enqueue the task: Redis at {mask_url(self.redis_url)} did not answer ({detail}); "
                 "check that it runs and LANES_REDIS_URL points at it"
             ) from None
+        if binding is not None:
+            try:
+                binding.confirm(request.task_id, fingerprint)
+            except redis.RedisError:
+                pass  # the task is queued; only a repeat after the claim lapsed would send another
         return self.celery.AsyncResult(request.task_id)
 
-    def _idem_key(self, key: str) -> str:
-        return Namespace(self.settings.key_prefix).idempotency(key)
+    def _check_size(self, workflow: str, payload: dict) -> None:
+        limit = self.settings.max_payload_bytes
+        size = len(json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode())
+        if size > limit:
+            raise InvalidInput(
+                f"payload for workflow {workflow!r} is {size} bytes, over the limit of {limit} bytes; "
+                "send less, or raise LANES_MAX_PAYLOAD_BYTES"
+            )
 
-    def _claim_key(self, key: str, task_id: str) -> str | None:
-        """Bind the key to this task id, or return the task it is bound to."""
-        name = self._idem_key(key)
-        try:
-            # Twice at most: the bound key may expire between SET NX and GET.
-            for _ in range(2):
-                if self.redis.set(name, task_id, nx=True, ex=self.settings.idempotency_ttl_seconds):
-                    return None
-                existing = self.redis.get(name)
-                if existing is not None:
-                    return existing.decode()
-        except redis.ConnectionError as exc:
-            raise RedisUnavailable(f"Redis did not answer: {exc}") from exc
-        raise RedisUnavailable(f"idempotency key {key!r} could not be bound; try again")
+    def fleet_of(self, workflow: str) -> str:
+        """The fleet whose workers run ``workflow``'s work."""
+        return self.catalog.workflow(workflow).fleet or HOSTED_FLEET
+
+    def live_workers(self, fleet: str) -> list[str]:
+        """Names of ``fleet``'s workers that sent a heartbeat lately."""
+        return WorkerPresence(self.redis, prefix=self.settings.key_prefix).live(fleet)
 
     def result(self, task_id: str) -> dict:
         """State, answer or error, and the routing trace of every attempt."""
+        if not isinstance(task_id, str) or not task_id.strip() or len(task_id) > 255 or task_id != task_id.strip():
+            raise InvalidInput(f"task id {task_id!r} is not a task id; pass the id `lanes submit` printed")
         result = self.celery.AsyncResult(task_id)
         state = result.state
         out: dict = {"task_id": task_id, "state": state, "attempts": self.traces.load(task_id)}

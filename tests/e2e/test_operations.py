@@ -90,7 +90,9 @@ def test_operator_mistakes_get_one_clear_line_and_change_nothing(dep, args, mess
 
 def test_worker_lists_the_fleets(dep):
     done = lanes_cli(dep, "worker", "--list", "--json")
-    assert done.returncode == 0 and json.loads(done.stdout) == ["gpu"]
+    assert done.returncode == 0
+    (listed,) = json.loads(done.stdout)
+    assert listed["fleet"] == "gpu" and [w.split("@")[0] for w in listed["workers"]] == ["gpu"]
 
 
 def test_the_demo_runs_the_product_on_embedded_defaults(tmp_path):
