@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from celery import Celery, signals
+from celery import Celery, bootsteps, signals
 from celery.exceptions import Ignore, Reject
 
 from lanes.celery_client import ROUTE_TASK, make_celery
