@@ -163,7 +163,7 @@ def test_a_downgrade_dry_run_lists_the_overwritten_edits_and_changes_nothing(iso
 
         assert dry.exit_code == 0, dry.output
         assert snapshot(engine) == before
-        assert migrate.branch_states(engine)[1].revision == "fleet_0003"
+        assert migrate.branch_states(engine)[1].revision == "fleet_0004"
         lines = dry.output.splitlines()
         assert "dry run: Running downgrade fleet_0003 -> fleet_0002" in dry.output
         dialog = [line for line in lines if line.startswith("dry run: fleet_0003 downgrade: pools id")
@@ -245,7 +245,8 @@ def test_db_upgrade_of_a_fleet_revision_brings_the_schema_to_head_first(isolated
     current = json.loads(runner.invoke(main, ["db", "current", "--json"]).stdout)
     assert [(b["branch"], b["revision"]) for b in current["branches"]] == [
         ("schema", "catalog_0002"),
-        ("fleet", "fleet_0003"),
+        ("fleet", "fleet_0004"),
+        ("memory", None),
     ]
 
 

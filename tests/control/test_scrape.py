@@ -59,7 +59,9 @@ def test_the_pools_models_are_selected_by_name_and_summed_across_backends(replic
             pool_.submit(call, "elsewhere", first.base_url)  # another model on the same server: not ours
         gauges = eventually(lambda: (g := scrape(urls, models, timeout=2)).running == 3 and g.waiting == 2 and g,
                             timeout=10, what="3 running and 2 waiting")
-        assert gauges.ok and gauges.waiting_capacity == 2 and gauges.kv_usage == 1.0
+        # KV usage is used/total blocks (a few short prompts use little of it), the
+        # highest of the pool's backends.
+        assert gauges.ok and gauges.waiting_capacity == 2 and 0 < gauges.kv_usage < 1
         first.stop()
         second.stop()
 
