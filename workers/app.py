@@ -97,6 +97,14 @@ def create_app(
 
 
 def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
+    """Walk the request; hand it back, retry it or fail it with a clear outcome.
+
+    Every way back to the queue (a requeue, a retry) carries the candidates
+    already called, so a task calls each backend at most once unless its
+    worker dies mid-call. A task past its deadline fails with
+    DeadlineExpired, never retried (a retry could only be later).
+    """
+    delivered_at = time.time()
     gated = request.priority is Priority.BACKGROUND and context.gate is not None
     if gated and not context.gate.enter():
         raise Reject("every background slot of this worker is taken", requeue=True)
@@ -107,7 +115,8 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
         runtime = context.runtime()
         walker = Walker(runtime)
         try:
-            result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event)
+            result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
+                                 delivered_at=delivered_at)
             return result.as_dict()
         except AcquireCancelled:
             if cancellation.reason == "revoked":
@@ -115,11 +124,14 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
-            raise Reject(str(exc), requeue=True) from None
+            if not walker.called:
+                raise Reject(str(exc), requeue=True) from None
+            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
+            untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
-            if _may_retry(request, task.request.retries, countdown):
-                raise task.retry(exc=exc, countdown=countdown)
+            if untried and _may_retry(request, task.request.retries, countdown):
+                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
             raise
     finally:
         context.cancels.unregister(task_id)
@@ -130,6 +142,11 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def _carrying(request: RouteRequest, called: list[str]) -> dict:
+    """The task's message for its next delivery, naming the candidates already called."""
+    return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called]))}
 
 
 def _may_retry(request: RouteRequest, retries: int, countdown: float) -> bool:

@@ -2,11 +2,17 @@
 pool, the shared breakers, the event log, the backend client and traces.
 
 Built lazily and shared by every worker thread of a process.
+
+``observers`` is the list the walker reports every attempt and bypass to
+(breakers and routing events to begin with; controllers and metrics add
+themselves). ``control_generation`` is asked, right after a slot is granted,
+which controller generation the admission falls under (None: no controller).
 """
 
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 import redis
 
@@ -16,8 +22,9 @@ from lanes.errors import InvalidInput
 from lanes.lane import Lane
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.backend import BackendClient
-from lanes.routing.breaker import Breakers
-from lanes.routing.events import EventLog
+from lanes.routing.breaker import BreakerObserver, Breakers
+from lanes.routing.events import EventLog, EventObserver
+from lanes.routing.observers import Observer
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
 from lanes.settings import Settings
@@ -51,6 +58,10 @@ def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable
     return [pool.name for pool in table.pools.values() if pool_lane(client, settings, pool).provision()]
 
 
+def _no_generation(pool: PoolInfo) -> int | None:
+    return None
+
+
 class Runtime:
     def __init__(
         self,
@@ -72,6 +83,8 @@ class Runtime:
         )
         self.traces = TraceStore(self.client, prefix=settings.key_prefix, ttl_seconds=settings.result_ttl_seconds)
         self.backend = BackendClient()
+        self.observers: list[Observer] = [BreakerObserver(self.breakers), EventObserver(self.events)]
+        self.control_generation: Callable[[PoolInfo], int | None] = _no_generation
         self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_widths)
         self._lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}
