@@ -24,6 +24,7 @@ from lanes.catalog import ModelInfo
 from lanes.errors import BackendError, BackendOverloaded, BackendTimeout, LeaseLost
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
+TASK_HEADER = "x-lanes-task"
 
 
 @dataclass
@@ -57,6 +58,7 @@ class BackendClient:
         timeout: float,
         first_token_timeout: float | None = None,
         abort: threading.Event | None = None,
+        task_id: str | None = None,
     ) -> BackendAnswer:
         """Call ``model`` with ``payload`` within ``timeout`` seconds, its first
         token (or embedding answer) within ``first_token_timeout`` (default: ``timeout``).
@@ -70,6 +72,9 @@ class BackendClient:
         if first <= 0:
             raise ValueError(f"call limits must be > 0 (timeout {timeout}, first token {first_token_timeout})")
         headers = {"content-type": "application/json"}
+        if task_id:
+            # Lets a backend's logs (and the simulator's call record) name the task.
+            headers[TASK_HEADER] = task_id
         if model.api_key_env:
             key = os.environ.get(model.api_key_env)
             if key:

@@ -277,7 +277,8 @@ class Walker:
         try:
             answer = rt.backend.call(model, request.payload, timeout=limits.total,
                                      first_token_timeout=limits.first_token,
-                                     abort=permit.lost if permit is not None else None)
+                                     abort=permit.lost if permit is not None else None,
+                                     task_id=request.task_id)
         except LeaseLost as exc:
             attempt = Attempt(outcome="lease_lost", reason=str(exc), call_seconds=time.monotonic() - started, **report)
         except BackendTimeout as exc:

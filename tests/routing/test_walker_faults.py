@@ -18,7 +18,7 @@ from lanes.routing.breaker import BreakerPolicy
 from lanes.routing.observers import BaseObserver
 from lanes.routing.request import RouteRequest
 from lanes.routing.runtime import Runtime, provision_lanes
-from lanes.routing.walker import Walker
+from lanes.routing.walker import RequeueRequested, Walker
 from lanes.sim import SimModel, Simulator
 from tests.polling import eventually
 
@@ -41,7 +41,7 @@ def build(make_settings, one_redis_url, sim):
     """A runtime over a catalog of two pools (m1 on p1, m2 on p2, slow on p3)."""
     made = []
 
-    def make(*, reserve_ms=1000, m1_timeout_ms=60_000, consecutive=5, **settings):
+    def make(*, reserve_ms=1000, m1_timeout_ms=60_000, m2_timeout_ms=60_000, consecutive=5, **settings):
         sim.reset(config=True)
         settings = make_settings(redis_url=one_redis_url, **settings)
         engine = open_catalog(settings)
@@ -49,7 +49,7 @@ def build(make_settings, one_redis_url, sim):
             "pools": [{"name": "p1", "width": 1}, {"name": "p2", "width": 1}, {"name": "p3", "width": 1}],
             "models": [
                 {"name": "m1", "base_url": sim.base_url, "pool": "p1", "timeout_ms": m1_timeout_ms},
-                {"name": "m2", "base_url": sim.base_url, "pool": "p2"},
+                {"name": "m2", "base_url": sim.base_url, "pool": "p2", "timeout_ms": m2_timeout_ms},
                 {"name": "slow", "base_url": sim.base_url, "pool": "p3"},
             ],
             "workflows": [
@@ -248,8 +248,7 @@ def test_a_hung_primary_is_abandoned_in_time_for_the_fallback(build, sim):
     # Abandoned at the request's own cap (deadline - reserve): not m1's fault.
     assert window(rt, "m1") == [] and rt.breakers.state("m1") == "closed"
     assert rt.lane(rt.table().pools["p1"]).stats().in_flight == 0  # its slot came back
-    rt.events.flush()
-    [event] = rt.events.list(kind="call_abandoned")
+    [event] = eventually(lambda: rt.events.list(kind="call_abandoned"), what="the call_abandoned event")
     assert (event.pool, event.detail["model"], event.detail["outcome"]) == ("p1", "m1", "abandoned")
 
 
@@ -260,5 +259,50 @@ def test_a_call_past_the_models_own_first_token_timeout_counts_against_it(build,
     assert result.trace.served_by == "m2"
     assert result.trace.steps[0]["action"] == "timeout"
     assert window(rt, "m1") == ["1"] and rt.breakers.state("m1") == "open"
-    rt.events.flush()
-    assert [e.detail["outcome"] for e in rt.events.list(kind="call_abandoned")] == ["timeout"]
+    events = eventually(lambda: rt.events.list(kind="call_abandoned"), what="the call_abandoned event")
+    assert [e.detail["outcome"] for e in events] == ["timeout"]
+
+
+# --- 15.2: the whole walk fits below the visibility timeout ----------------------------------
+
+
+def budget_runtime(build, sim):
+    # Visibility 60 s: a walk may spend 30 s from delivery on waits and calls.
+    rt = build(visibility_timeout_seconds=60, m1_timeout_ms=5_000, m2_timeout_ms=10_000, reserve_ms=0)
+    return rt
+
+
+def test_a_call_that_cannot_fit_in_what_is_left_of_the_delivery_is_requeued_uncalled(build, sim):
+    rt = budget_runtime(build, sim)
+    walker = Walker(rt)
+    with pytest.raises(RequeueRequested) as requeued:
+        # Delivered 27 s ago: 3 s left, m1 may take 5 s.
+        walker.walk(request(deadline_in=120), delivered_at=time.time() - 27)
+    assert requeued.value.called == ()
+    assert calls(sim, "m1") == 0 and calls(sim, "m2") == 0
+
+
+def test_a_requeue_names_the_candidates_already_called_and_the_next_delivery_skips_them(build, sim):
+    rt = budget_runtime(build, sim)
+    sim.configure("m1", fail_next=1, fail_status=500)
+    walker = Walker(rt)
+    with pytest.raises(RequeueRequested) as requeued:
+        # 8 s left: m1 (5 s) fits and fails; m2 (10 s) cannot fit after it.
+        walker.walk(request(deadline_in=120), delivered_at=time.time() - 22)
+    assert requeued.value.called == ("m1",)
+    assert calls(sim, "m1") == 1 and calls(sim, "m2") == 0
+    again = request(deadline_in=120)
+    again = RouteRequest(**{**again.__dict__, "called": requeued.value.called})
+    result = Walker(rt).walk(again, delivered_at=time.time())
+    assert result.trace.served_by == "m2"
+    assert calls(sim, "m1") == 1  # not called a second time for the task
+
+
+def test_a_wait_is_cut_short_so_the_call_after_it_still_fits(build, sim):
+    rt = budget_runtime(build, sim)
+    lane = rt.lane(rt.table().pools["p1"])
+    with lane.acquire(Priority.INTERACTIVE, timeout=5):
+        with pytest.raises(RequeueRequested):
+            # 6.5 s left, m1's call needs 5 s: at most 1.5 s of waiting, then requeue.
+            Walker(rt).walk(request("solo"), delivered_at=time.time() - 23.5)
+    assert calls(sim, "m1") == 0
