@@ -13,9 +13,16 @@ import time
 
 from celery import Celery, bootsteps, signals
 from celery.exceptions import Ignore, Reject
+from celery.worker import state as worker_state
 
 from lanes.celery_client import ROUTE_TASK, make_celery
-from lanes.errors import AcquireCancelled, CandidatesExhausted, RedisUnavailable
+from lanes.errors import (
+    AcquireCancelled,
+    CandidatesExhausted,
+    CapacityWaitTimeout,
+    DeadlineExpired,
+    RedisUnavailable,
+)
 from lanes.priority import Priority
 from lanes.redis_conn import resolve_redis_url
 from lanes.routing.request import RouteRequest
@@ -89,7 +96,10 @@ def create_app(
     def _close(**_) -> None:
         context.close()
 
-    @app.task(name=ROUTE_TASK, bind=True, acks_late=True, max_retries=None, reject_on_worker_lost=True)
+    # ``throws``: outcomes a routed task ends with by design, logged in one
+    # line instead of as an unexpected error with a traceback.
+    @app.task(name=ROUTE_TASK, bind=True, acks_late=True, max_retries=None, reject_on_worker_lost=True,
+              throws=(DeadlineExpired, CandidatesExhausted, CapacityWaitTimeout))
     def route(self, message: dict) -> dict:
         return run_routed(self, context, RouteRequest.from_message(message))
 
@@ -122,6 +132,8 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if cancellation.reason == "revoked":
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
                 raise Ignore() from None
+            if _hand_back_at_front(task_id):
+                raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
             if not walker.called:
@@ -142,6 +154,33 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def _hand_back_at_front(task_id: str) -> bool:
+    """Put a task given up at shutdown back at the serving end of its queue.
+
+    Celery's requeue (``Reject(requeue=True)``) pushes the message at the far
+    end of the Redis list, behind every task queued since: an interactive task
+    handed back by a restart would lose its place. kombu's own restore (what
+    a closing channel does with unacknowledged messages) puts it back at the
+    front; the acknowledgement that follows the task's end then finds nothing
+    left to remove. False when the message cannot be found or restored that
+    way (the caller then requeues it the ordinary way).
+    """
+    for request in tuple(worker_state.active_requests):
+        if request.id != task_id:
+            continue
+        message = request.message
+        restore = getattr(getattr(message.channel, "qos", None), "restore_by_tag", None)
+        if restore is None:
+            return False
+        try:
+            restore(message.delivery_tag, leftmost=False)
+        except Exception:
+            log.warning("could not hand %s back to the front of its queue", task_id, exc_info=True)
+            return False
+        return True
+    return False
 
 
 def _carrying(request: RouteRequest, called: list[str]) -> dict:

@@ -154,3 +154,22 @@ def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redi
     assert dep.workers["gpu"].poll() is None  # the supervisor is still running
     fresh = dep.client.submit("w", CHAT)
     assert fresh.get(timeout=60)["model"] == "m"
+
+
+def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queue(launch, private_redis):
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    broker = redis.Redis.from_url(private_redis)
+    lane = dep.lane("gpu")
+    hold = lane.acquire("interactive", timeout=10)
+    first = [dep.client.submit("w", CHAT) for _ in range(2)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+    later = [dep.client.submit("w", CHAT) for _ in range(2)]
+    eventually(lambda: broker.llen("lanes.gpu") == 2, timeout=30, what="two tasks queued behind them")
+
+    dep.stop_worker("gpu")  # a warm shutdown gives up the two lane waits
+    hold.release()
+    # kombu serves a queue from its right end: the handed-back tasks come first.
+    serving_order = [json.loads(m)["headers"]["id"] for m in reversed(broker.lrange("lanes.gpu", 0, -1))]
+    assert len(serving_order) == 4
+    assert set(serving_order[:2]) == {t.id for t in first}
+    assert serving_order[2:] == [t.id for t in later]
