@@ -11,7 +11,7 @@ import logging
 import threading
 import time
 
-from celery import Celery, bootsteps, signals
+from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, Reject
 from celery.worker import state as worker_state
 
@@ -31,11 +31,14 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.cancel import CancelRegistry
 from workers.gate import BackgroundGate
+from workers.runs import RunLeases
 
 log = logging.getLogger("lanes.worker")
 
 RETRY_BACKOFF_CAP = 30.0
 RETRIES_WITHOUT_DEADLINE = 5
+# A second delivery of a task another delivery is running looks again after this.
+DUPLICATE_RECHECK_SECONDS = 5.0
 
 
 class WorkerContext:
@@ -47,6 +50,7 @@ class WorkerContext:
         self.cancels = CancelRegistry()
         self.gate = BackgroundGate(background_limit, background_queue) if background_queue else None
         self._runtime: Runtime | None = None
+        self._runs: RunLeases | None = None
         self._lock = threading.Lock()
 
     def runtime(self) -> Runtime:
@@ -54,6 +58,14 @@ class WorkerContext:
             if self._runtime is None:
                 self._runtime = Runtime(self.settings, redis_url=self.redis_url)
             return self._runtime
+
+    def runs(self) -> RunLeases:
+        runtime = self.runtime()
+        with self._lock:
+            if self._runs is None:
+                self._runs = RunLeases(runtime.client, prefix=self.settings.key_prefix,
+                                       ttl_seconds=self.settings.background_wait_cap)
+            return self._runs
 
     def close(self) -> None:
         with self._lock:
@@ -121,10 +133,18 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
     task_id = task.request.id
     cancellation = context.cancels.register(task_id)
     walker = None
+    lease = None
     try:
         runtime = context.runtime()
         walker = Walker(runtime)
         try:
+            lease = context.runs().claim(task_id)
+            if _finished(task, task_id):
+                raise Ignore()  # a late copy of a task that already ended
+            if lease is None:
+                # Another delivery runs this task now (the broker handed it out
+                # again): look again later, in case that one dies.
+                raise task.retry(countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
             result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
                                  delivered_at=delivered_at)
             return result.as_dict()
@@ -146,6 +166,8 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
             raise
     finally:
+        if lease is not None:
+            context.runs().release(task_id, lease)
         context.cancels.unregister(task_id)
         if gated:
             context.gate.leave()
@@ -154,6 +176,15 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def _finished(task, task_id: str) -> bool:
+    """Whether the task already ended (a copy delivered after its end must not run)."""
+    try:
+        return task.backend.get_state(task_id) in states.READY_STATES
+    except Exception:  # unknown: the run lease still keeps two deliveries apart
+        log.warning("could not read the state of %s", task_id, exc_info=True)
+        return False
 
 
 def _hand_back_at_front(task_id: str) -> bool:

@@ -173,3 +173,36 @@ def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queu
     assert len(serving_order) == 4
     assert set(serving_order[:2]) == {t.id for t in first}
     assert serving_order[2:] == [t.id for t in later]
+
+
+def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch):
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    lane = dep.lane("gpu")
+    hold = lane.acquire("interactive", timeout=10)
+    waiting = [dep.client.submit("w", CHAT) for _ in range(2)]  # both worker threads wait in the lane
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+    queued = dep.client.submit("w", CHAT)  # taken by no worker yet
+    dep.client.celery.control.revoke(queued.id)
+
+    wider = json.loads(json.dumps(RENAME_DOC))
+    wider["pools"][0]["width"] = 2
+    wider["models"][0]["base_url"] = dep.sim.base_url
+    apply_document(dep.client.engine, wider)  # the fleet restarts: a new worker, then the old one stops
+    eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the new worker beside the old")
+    hold.release()
+    for task in waiting:
+        assert task.get(timeout=60)["model"] == "m"
+    eventually(lambda: state(dep, queued.id) == "REVOKED", timeout=60, what="the revoked task to be discarded")
+    assert calls_of(dep, queued.id) == []
+
+
+def test_a_dropped_broker_connection_mid_call_does_not_call_the_backend_again(launch, private_redis):
+    dep = launch(RESTART_DOC, [SimModel(name="slow", capacity=4, service_ms=6_000.0),
+                               SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
+    long = dep.client.submit("long", CHAT)
+    eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=60, what="the call to start")
+    # Every client connection is cut, the workers' broker connection included (as a Redis restart would).
+    redis.Redis.from_url(private_redis).client_kill_filter(_type="normal", skipme=True)
+    assert long.get(timeout=90)["model"] == "slow"
+    time.sleep(8)  # room for a second delivery to show itself
+    assert calls_of(dep, long.id) == ["slow"]
