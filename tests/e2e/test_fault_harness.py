@@ -185,8 +185,15 @@ def test_every_task_ends_once_and_no_backend_is_called_twice_under_faults(dep, p
         return {task_id: dep.client.celery.AsyncResult(task_id).state for task_id in tasks}
 
     # Every task ends (a killed worker's come back after the 60 s visibility timeout).
-    final = eventually(lambda: (lambda s: s if set(s.values()) <= FINAL else None)(states()),
-                       timeout=200, interval=1.0, what="every task to end")
+    def ended():
+        now = states()
+        return now if set(now.values()) <= FINAL else None
+
+    try:
+        final = eventually(ended, timeout=200, interval=1.0, what="every task to end")
+    except AssertionError:
+        unfinished = {t: (s, tasks[t], dep.client.traces.load(t)) for t, s in states().items() if s not in FINAL}
+        raise AssertionError(f"{len(unfinished)} task(s) never ended: {unfinished}") from None
     failures = {}
     for task_id, state in final.items():
         if state == "FAILURE":
