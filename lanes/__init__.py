@@ -9,8 +9,8 @@ __version__ = "0.1.0"
 # costs nothing: the `lanes` command starts without loading Redis, pydantic or
 # Celery, and code that only wants a Lane never pays for submitting.
 _ERRORS = (
-    "AcquireCancelled", "AcquireTimeout", "BackendError", "BackendOverloaded", "CandidatesExhausted",
-    "CapacityWaitTimeout", "CatalogInvalid", "DatabaseUnavailable", "InvalidInput", "LaneSignal",
+    "AcquireCancelled", "AcquireTimeout", "BackendError", "BackendOverloaded", "BackendTimeout", "CandidatesExhausted",
+    "CapacityWaitTimeout", "CatalogInvalid", "DatabaseUnavailable", "DeadlineExpired", "InvalidInput", "LaneSignal",
     "LanesError", "LeaseLost", "RedisUnavailable", "RoutingError", "ServiceUnavailable",
 )
 _LAZY = {
@@ -48,11 +48,13 @@ __all__ = [
     "AsyncPermit",
     "BackendError",
     "BackendOverloaded",
+    "BackendTimeout",
     "CancelEvent",
     "CandidatesExhausted",
     "CapacityWaitTimeout",
     "CatalogInvalid",
     "DatabaseUnavailable",
+    "DeadlineExpired",
     "Generation",
     "InvalidInput",
     "Lane",

@@ -74,6 +74,11 @@ def celery_config(settings: Settings, redis_url: str) -> dict:
             # while it still waits or runs (background waits give their place
             # back and requeue before this).
             "visibility_timeout": settings.visibility_timeout_seconds,
+            # Look for messages of dead workers every 10 s (kombu's default scans
+            # every 10th tick, ~100 s): a SIGKILLed worker's task comes back
+            # within the visibility timeout plus seconds, not minutes.
+            "unacked_restore_interval": 10,
+            "unacked_restore_throttle": 1,
             "queue_order_strategy": "priority",
             "priority_steps": sorted(set(MESSAGE_PRIORITY.values())),
             "sep": ":",

@@ -14,8 +14,10 @@
     ├── LeaseLost                    a holder's renewal was refused: stop using the slot
     └── RoutingError                 a routed request could not be served
         ├── CapacityWaitTimeout      no candidate admitted the request in its budget (retryable)
+        ├── DeadlineExpired          the request's deadline passed on our side (queue, lane): never retried
         ├── BackendError             a backend answered badly or not at all
-        │   └── BackendOverloaded    429 / 503 / 529
+        │   ├── BackendOverloaded    429 / 503 / 529
+        │   └── BackendTimeout       no first token (or answer) within the call's time limit
         └── CandidatesExhausted      every candidate failed and no retry budget is left
 
 Control-flow signals (``LaneSignal``) are kept apart from failures so that the
@@ -81,6 +83,14 @@ class CapacityWaitTimeout(RoutingError):
     retryable = True
 
 
+class DeadlineExpired(RoutingError):
+    """The request's deadline passed before a backend could be called.
+
+    Time that ran out on our side (a queue, a lane wait): nothing is said
+    about any backend, and a retry could only be later still.
+    """
+
+
 class BackendError(RoutingError):
     """A backend call failed: connection, timeout, 5xx or an overload answer."""
 
@@ -100,6 +110,16 @@ class BackendOverloaded(BackendError):
     """The backend said it is full (429, 503 or 529)."""
 
 
+class BackendTimeout(BackendError):
+    """The call was given up: no first token (``phase='first_token'``) or no whole
+    answer (``phase='answer'``) within ``limit_seconds``."""
+
+    def __init__(self, message: str, model: str | None = None, *, phase: str, limit_seconds: float) -> None:
+        super().__init__(message, model)
+        self.phase = phase
+        self.limit_seconds = limit_seconds
+
+
 class CandidatesExhausted(RoutingError):
     """Every candidate failed and the deadline leaves no room for a retry."""
 
@@ -117,7 +137,9 @@ __all__ = [
     "LeaseLost",
     "RoutingError",
     "CapacityWaitTimeout",
+    "DeadlineExpired",
     "BackendError",
     "BackendOverloaded",
+    "BackendTimeout",
     "CandidatesExhausted",
 ]

@@ -7,6 +7,7 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
 
     {prefix}:events                         stream  routing events
     {prefix}:trace:<task id>                list    a task's routing trace
+    {prefix}:run:<task id>                  string  the run lease of the delivery running a task
     {prefix}:idem:<workflow>:<key>          string  idempotency key -> task id
     {{prefix}:breaker:<model>}:state        hash    a backend's breaker
     {{prefix}:breaker:<model>}:window       list    its recent outcomes
@@ -46,6 +47,9 @@ class Namespace:
 
     def trace(self, task_id: str) -> str:
         return f"{self.prefix}:trace:{task_id}"
+
+    def task_run(self, task_id: str) -> str:
+        return f"{self.prefix}:run:{task_id}"
 
     def idempotency(self, key: str, workflow: str | None = None) -> str:
         return f"{self.prefix}:idem:{workflow}:{key}" if workflow else f"{self.prefix}:idem:{key}"

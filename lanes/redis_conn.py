@@ -10,6 +10,21 @@ from lanes.lane.server import check_lane_redis
 from lanes.errors import RedisUnavailable
 from lanes.settings import Settings
 
+# Every redis-py error that means "Redis did not answer (usefully)", for the
+# whole project: the lanes, breakers, events, traces and the worker's task all
+# turn exactly these into RedisUnavailable (retryable), so no raw redis-py
+# error reaches a caller. A full no-eviction Redis (OutOfMemoryError) refuses
+# every write: for Lanes that is Redis not answering, not a bug in the request.
+REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
+    redis.exceptions.ConnectionError,
+    redis.exceptions.TimeoutError,
+    redis.exceptions.ClusterDownError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.TryAgainError,
+    redis.exceptions.OutOfMemoryError,
+    redis.exceptions.BusyLoadingError,
+)
+
 
 def resolve_redis_url(settings: Settings, *, start_embedded: bool = True) -> str:
     """The configured Redis URL, or the embedded server's (started if needed)."""

@@ -11,11 +11,18 @@ import logging
 import threading
 import time
 
-from celery import Celery, bootsteps, signals
+from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, Reject
+from celery.worker import state as worker_state
 
 from lanes.celery_client import ROUTE_TASK, make_celery
-from lanes.errors import AcquireCancelled, CandidatesExhausted, RedisUnavailable
+from lanes.errors import (
+    AcquireCancelled,
+    CandidatesExhausted,
+    CapacityWaitTimeout,
+    DeadlineExpired,
+    RedisUnavailable,
+)
 from lanes.redis_conn import resolve_redis_url
 from lanes.routing.request import RouteRequest
 from lanes.routing.runtime import Runtime
@@ -25,11 +32,14 @@ from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
 from workers.memgate import MemoryGate, MemoryGateWatcher
 from workers.presence import PresenceHeartbeat
+from workers.runs import RunLeases
 
 log = logging.getLogger("lanes.worker")
 
 RETRY_BACKOFF_CAP = 30.0
 RETRIES_WITHOUT_DEADLINE = 5
+# A second delivery of a task another delivery is running looks again after this.
+DUPLICATE_RECHECK_SECONDS = 5.0
 
 
 class WorkerContext:
@@ -46,6 +56,7 @@ class WorkerContext:
             if gate.enabled:
                 self.memory = MemoryGateWatcher(gate, [], in_flight=lambda: len(self.cancels)).start()
         self._runtime: Runtime | None = None
+        self._runs: RunLeases | None = None
         self._lock = threading.Lock()
 
     def runtime(self) -> Runtime:
@@ -54,6 +65,14 @@ class WorkerContext:
                 self._runtime = Runtime(self.settings, redis_url=self.redis_url)
                 self._runtime.start_steward()
             return self._runtime
+
+    def runs(self) -> RunLeases:
+        runtime = self.runtime()
+        with self._lock:
+            if self._runs is None:
+                self._runs = RunLeases(runtime.client, prefix=self.settings.key_prefix,
+                                       ttl_seconds=self.settings.background_wait_cap)
+            return self._runs
 
     def close(self) -> None:
         with self._lock:
@@ -117,7 +136,10 @@ def create_app(
     def _close(**_) -> None:
         context.close()
 
-    @app.task(name=ROUTE_TASK, bind=True, acks_late=True, max_retries=None, reject_on_worker_lost=True)
+    # ``throws``: outcomes a routed task ends with by design, logged in one
+    # line instead of as an unexpected error with a traceback.
+    @app.task(name=ROUTE_TASK, bind=True, acks_late=True, max_retries=None, reject_on_worker_lost=True,
+              throws=(DeadlineExpired, CandidatesExhausted, CapacityWaitTimeout))
     def route(self, message: dict) -> dict:
         return run_routed(self, context, RouteRequest.from_message(message))
 
@@ -125,34 +147,99 @@ def create_app(
 
 
 def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
+    """Walk the request; hand it back, retry it or fail it with a clear outcome.
+
+    Every way back to the queue (a requeue, a retry) carries the candidates
+    already called, so a task calls each backend at most once unless its
+    worker dies mid-call. A task past its deadline fails with
+    DeadlineExpired, never retried (a retry could only be later).
+    """
+    delivered_at = time.time()
     task_id = task.request.id
     cancellation = context.cancels.register(task_id)
     walker = None
+    lease = None
     try:
         runtime = context.runtime()
         walker = Walker(runtime)
         try:
-            result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event)
+            lease = context.runs().claim(task_id)
+            if _finished(task, task_id):
+                raise Ignore()  # a late copy of a task that already ended
+            if lease is None:
+                # Another delivery runs this task now (the broker handed it out
+                # again): look again later, in case that one dies.
+                raise task.retry(countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
+            result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
+                                 delivered_at=delivered_at)
             return result.as_dict()
         except AcquireCancelled:
             if cancellation.reason == "revoked":
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
                 raise Ignore() from None
+            if _hand_back_at_front(task_id):
+                raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
-            raise Reject(str(exc), requeue=True) from None
+            if not walker.called:
+                raise Reject(str(exc), requeue=True) from None
+            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
+            untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
-            if _may_retry(request, task.request.retries, countdown):
-                raise task.retry(exc=exc, countdown=countdown)
+            if untried and _may_retry(request, task.request.retries, countdown):
+                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
             raise
     finally:
+        if lease is not None:
+            context.runs().release(task_id, lease)
         context.cancels.unregister(task_id)
         if walker is not None and walker.trace is not None:
             try:
                 runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def _finished(task, task_id: str) -> bool:
+    """Whether the task already ended (a copy delivered after its end must not run)."""
+    try:
+        return task.backend.get_state(task_id) in states.READY_STATES
+    except Exception:  # unknown: the run lease still keeps two deliveries apart
+        log.warning("could not read the state of %s", task_id, exc_info=True)
+        return False
+
+
+def _hand_back_at_front(task_id: str) -> bool:
+    """Put a task given up at shutdown back at the serving end of its queue.
+
+    Celery's requeue (``Reject(requeue=True)``) pushes the message at the far
+    end of the Redis list, behind every task queued since: an interactive task
+    handed back by a restart would lose its place. kombu's own restore (what
+    a closing channel does with unacknowledged messages) puts it back at the
+    front; the acknowledgement that follows the task's end then finds nothing
+    left to remove. False when the message cannot be found or restored that
+    way (the caller then requeues it the ordinary way).
+    """
+    for request in tuple(worker_state.active_requests):
+        if request.id != task_id:
+            continue
+        message = request.message
+        restore = getattr(getattr(message.channel, "qos", None), "restore_by_tag", None)
+        if restore is None:
+            return False
+        try:
+            restore(message.delivery_tag, leftmost=False)
+        except Exception:
+            log.warning("could not hand %s back to the front of its queue", task_id, exc_info=True)
+            return False
+        return True
+    return False
+
+
+def _carrying(request: RouteRequest, called: list[str]) -> dict:
+    """The task's message for its next delivery, naming the candidates already called."""
+    return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called]))}
 
 
 def _may_retry(request: RouteRequest, retries: int, countdown: float) -> bool:

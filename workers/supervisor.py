@@ -1,24 +1,84 @@
 """Keeps one fleet's worker running at the size its pool's width calls for.
 
 The threads pool cannot grow in place, so when the catalog changes a fleet's
-size the worker is restarted gracefully: a warm shutdown cancels its lane
-waits and hands their tasks back to the queue, then a new worker starts at
-the new size. A worker that dies is restarted with a short backoff.
+size the worker is replaced, without a gap and without cutting calls short:
+
+1. the new worker starts first and is waited for until it answers a ping, so
+   the fleet keeps consuming while the old one winds down;
+2. the old worker gets a warm shutdown (SIGTERM): it takes no new work, its
+   lane waits are cancelled and handed back, and the calls in flight may run
+   for the fleet's longest model timeout (plus a margin) to finish;
+3. past that grace it gets a cold shutdown (SIGQUIT): Celery cancels what is
+   left and closes its broker channel, which hands its unacknowledged messages
+   back to the queue at once instead of after the visibility timeout; only a
+   worker that still does not exit is killed.
+
+The supervisor follows its pool by id, so a rename in the catalog restarts the
+worker on the new name's queues and moves everything queued under the old
+name there (:mod:`workers.drain`), then keeps draining the old queues.
+
+At start (and on every catalog change) it refuses models whose timeout cannot
+fit in the walk budget below Celery's visibility timeout: such a call would
+make the broker hand the task to a second worker while the first still calls.
+A worker that dies is restarted with a short backoff.
 """
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
 
-from lanes.catalog import catalog_stamp, load_routing, open_catalog
+import redis
+
+from lanes.catalog import RoutingTable, catalog_stamp, load_routing, open_catalog
+from lanes.celery_client import HOSTED_FLEET, make_celery
+from lanes.errors import InvalidInput
+from lanes.redis_conn import REDIS_UNAVAILABLE, connect, resolve_redis_url
 from lanes.settings import Settings
+from workers.drain import drain_fleet
 from workers.fleet import FleetPlan, plan_fleet
 
-STOP_GRACE_SECONDS = 30.0
+# Beyond the longest call, for a warm shutdown to finish its bookkeeping.
+STOP_MARGIN_SECONDS = 10.0
+# A cold shutdown cancels, hands messages back and closes: seconds, not minutes.
+COLD_STOP_SECONDS = 15.0
+READY_TIMEOUT_SECONDS = 60.0
+
+
+def fleet_timeout_seconds(table: RoutingTable, fleet: str) -> float:
+    """The longest model timeout among the candidates of the fleet's workflows."""
+    timeouts = [
+        model.timeout_seconds
+        for route in table.workflows.values()
+        if (route.fleet or HOSTED_FLEET) == fleet
+        for model in route.candidates
+    ]
+    return max(timeouts, default=0.0)
+
+
+def check_timeouts_fit(table: RoutingTable, fleet: str, settings: Settings) -> None:
+    """Refuse a fleet whose calls cannot fit in the walk budget below the visibility timeout."""
+    budget = settings.background_wait_cap
+    too_long = sorted(
+        {
+            (model.name, model.timeout_seconds)
+            for route in table.workflows.values()
+            if (route.fleet or HOSTED_FLEET) == fleet
+            for model in route.candidates
+            if model.timeout_seconds >= budget
+        }
+    )
+    if too_long:
+        names = ", ".join(f"{name} (timeout_ms {seconds * 1000:.0f})" for name, seconds in too_long)
+        raise InvalidInput(
+            f"fleet {fleet!r}: {names} cannot finish a call within the {budget:.0f}s a task may run before "
+            f"Celery redelivers it (visibility timeout {settings.visibility_timeout_seconds}s); lower the "
+            "model's timeout_ms in the catalog or raise LANES_VISIBILITY_TIMEOUT_SECONDS"
+        )
 
 
 class FleetSupervisor:
@@ -32,35 +92,140 @@ class FleetSupervisor:
         self.engine = open_catalog(settings)
         self._stop = threading.Event()
         self._child: subprocess.Popen | None = None
+        self._retiring: list[threading.Thread] = []
+        self._pool_id: int | None = None  # followed across renames
+        self._old_names: set[str] = set()  # names this fleet had before: their queues are drained
+        self._generation = 0
+        self._grace = STOP_MARGIN_SECONDS
+        self._redis: redis.Redis | None = None
+        self._celery = None
+
+    # --- the plan -------------------------------------------------------------
+
+    def _current_name(self, table: RoutingTable) -> str:
+        """The fleet's name now: its pool is found by id once known, so a rename is followed."""
+        if self._pool_id is None:
+            pool = table.pools.get(self.fleet) or next(
+                (p for p in table.pools.values() if self.fleet in p.previous_names), None
+            )
+            if pool is not None:
+                self._pool_id = pool.id
+                self._old_names.update(name for name in pool.previous_names if name != pool.name)
+                if pool.name != self.fleet:
+                    self._old_names.add(self.fleet)
+                return pool.name
+            return self.fleet
+        for pool in table.pools.values():
+            if pool.id == self._pool_id:
+                return pool.name
+        raise InvalidInput(f"the pool of fleet {self.fleet!r} (id {self._pool_id}) is no longer in the catalog")
 
     def plan(self) -> FleetPlan:
-        return plan_fleet(load_routing(self.engine), self.fleet, self.settings)
+        table = load_routing(self.engine)
+        name = self._current_name(table)
+        if name != self.fleet:
+            self.echo(f"fleet {self.fleet}: its pool is now named {name!r}; following it")
+            self._old_names.add(self.fleet)
+            self.fleet = name
+        self._old_names.discard(name)
+        plan = plan_fleet(table, name, self.settings)
+        check_timeouts_fit(table, name, self.settings)
+        self._grace = fleet_timeout_seconds(table, name) + STOP_MARGIN_SECONDS
+        return plan
+
+    # --- children ---------------------------------------------------------------
+
+    def _hostname(self, plan: FleetPlan) -> str:
+        # Each child its own node name: old and new answer pings side by side.
+        suffix = "" if self._generation == 0 else f"-{self._generation}"
+        return f"{plan.fleet}@{socket.gethostname()}{suffix}"
 
     def _start(self, plan: FleetPlan) -> subprocess.Popen:
         self.echo(plan.describe())
-        return subprocess.Popen([sys.executable, "-m", "workers.main", *plan.worker_args(), "--loglevel", self.loglevel])
+        hostname = self._hostname(plan)
+        child = subprocess.Popen(
+            [sys.executable, "-m", "workers.main", *plan.worker_args(), "--loglevel", self.loglevel,
+             "--hostname", hostname]
+        )
+        child.lanes_hostname = hostname
+        self._generation += 1
+        return child
 
-    def _stop_child(self) -> None:
-        child = self._child
+    def _wait_ready(self, child: subprocess.Popen) -> bool:
+        """Until the child answers a ping (it consumes), it exits, or the time is up."""
+        if self._celery is None:
+            self._celery = make_celery(self.settings, resolve_redis_url(self.settings))
+        deadline = time.monotonic() + READY_TIMEOUT_SECONDS
+        while time.monotonic() < deadline and child.poll() is None and not self._stop.is_set():
+            try:
+                if self._celery.control.ping(destination=[child.lanes_hostname], timeout=1.0):
+                    return True
+            except Exception:  # Redis away for a moment: ask again
+                time.sleep(0.5)
+        return False
+
+    def _stop_child(self, child: subprocess.Popen | None, grace: float) -> None:
+        """Warm stop within ``grace``; then cold (messages handed back at once); then kill."""
         if child is None or child.poll() is not None:
             return
         child.send_signal(signal.SIGTERM)
         try:
-            child.wait(STOP_GRACE_SECONDS)
+            child.wait(grace)
+            return
+        except subprocess.TimeoutExpired:
+            self.echo(f"fleet {self.fleet}: worker still busy after {grace:.0f}s; cold shutdown")
+        child.send_signal(signal.SIGQUIT)
+        try:
+            child.wait(COLD_STOP_SECONDS)
         except subprocess.TimeoutExpired:
             child.kill()
             child.wait()
+
+    def _retire(self, child: subprocess.Popen) -> None:
+        """Stop ``child`` in the background: the loop keeps watching the new worker."""
+        grace = self._grace
+        thread = threading.Thread(target=self._stop_child, args=(child, grace), name="lanes-retire", daemon=True)
+        thread.start()
+        self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
+
+    def _replace(self, plan: FleetPlan) -> None:
+        old = self._child
+        new = self._start(plan)
+        if not self._wait_ready(new):
+            self.echo(f"fleet {plan.fleet}: the new worker did not answer yet; stopping the old one anyway")
+        self._child = new
+        if old is not None:
+            self._retire(old)
+
+    # --- queues of old names --------------------------------------------------------
+
+    def _drain_old_queues(self) -> None:
+        if not self._old_names:
+            return
+        try:
+            if self._redis is None:
+                self._redis = connect(resolve_redis_url(self.settings), timeout=self.settings.redis_timeout_seconds)
+            for old in sorted(self._old_names):
+                moved = drain_fleet(self._redis, self.settings, old, self.fleet)
+                if moved:
+                    self.echo(f"fleet {self.fleet}: moved {moved} queued task(s) from old name {old!r}")
+        except REDIS_UNAVAILABLE:
+            pass  # next poll
+
+    # --- the loop ---------------------------------------------------------------------
 
     def stop(self, *_) -> None:
         self._stop.set()
 
     def run(self) -> int:
-        plan = self.plan()  # an unknown fleet fails here, before anything starts
+        plan = self.plan()  # an unknown fleet or a timeout that cannot fit fails here, before anything starts
         version = catalog_stamp(self.engine)
         self._child = self._start(plan)
+        self._drain_old_queues()
         backoff = 1.0
         try:
             while not self._stop.wait(self.poll_seconds):
+                self._drain_old_queues()
                 if self._child.poll() is not None:
                     self.echo(f"fleet {self.fleet}: worker exited with {self._child.returncode}; restarting")
                     time.sleep(backoff)
@@ -72,14 +237,19 @@ class FleetSupervisor:
                 if current == version:
                     continue
                 version = current
-                new_plan = self.plan()
+                try:
+                    new_plan = self.plan()
+                except InvalidInput as exc:
+                    self.echo(f"fleet {self.fleet}: catalog change refused, the worker keeps its plan: {exc}")
+                    continue
                 if new_plan != plan:
-                    self.echo(f"fleet {self.fleet}: catalog changed the fleet; restarting its worker")
-                    self._stop_child()
+                    self.echo(f"fleet {self.fleet}: catalog changed the fleet; replacing its worker")
                     plan = new_plan
-                    self._child = self._start(plan)
+                    self._replace(plan)
         finally:
-            self._stop_child()
+            self._stop_child(self._child, self._grace)
+            for thread in self._retiring:
+                thread.join()
         return 0
 
 

@@ -15,17 +15,13 @@ import redis.cluster
 
 from lanes.errors import InvalidInput, RedisUnavailable
 from lanes.lane.keys import DEFAULT_PREFIX, LaneKeys
+from lanes.redis_conn import REDIS_UNAVAILABLE
 from lanes.lane.model import Generation, LaneStats, percentile
 from lanes.priority import Priority
 
 # Errors that mean "Redis did not answer (usefully)": they become RedisUnavailable.
-UNAVAILABLE = (
-    redis.exceptions.ConnectionError,
-    redis.exceptions.TimeoutError,
-    redis.exceptions.ClusterDownError,
-    redis.exceptions.ReadOnlyError,
-    redis.exceptions.TryAgainError,
-)
+# One list for the whole project, kept beside the connections.
+UNAVAILABLE = REDIS_UNAVAILABLE
 
 # Follow-up handoff calls after a release or resize that said "more" (256
 # grants each): bounds the loop at a million grants.

@@ -3,6 +3,11 @@
 Chat completions are always streamed from the backend, so the time to first
 token is measured and a lost lease can stop the call between chunks; the
 caller gets the assembled answer.
+
+A call has two limits: ``first_token_timeout`` for the first token of a
+stream (or the whole answer of an embedding) and ``timeout`` for the whole
+call. A hung backend is given up at the first, so the time kept for the next
+candidates is not eaten by it (:class:`BackendTimeout` says which limit fired).
 """
 
 from __future__ import annotations
@@ -16,9 +21,10 @@ from dataclasses import dataclass, field
 import httpx
 
 from lanes.catalog import ModelInfo
-from lanes.errors import BackendError, BackendOverloaded, LeaseLost
+from lanes.errors import BackendError, BackendOverloaded, BackendTimeout, LeaseLost
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
+TASK_HEADER = "x-lanes-task"
 
 
 @dataclass
@@ -50,28 +56,48 @@ class BackendClient:
         payload: dict,
         *,
         timeout: float,
+        first_token_timeout: float | None = None,
         abort: threading.Event | None = None,
+        task_id: str | None = None,
     ) -> BackendAnswer:
-        """Call ``model`` with ``payload`` within ``timeout`` seconds.
+        """Call ``model`` with ``payload`` within ``timeout`` seconds, its first
+        token (or embedding answer) within ``first_token_timeout`` (default: ``timeout``).
 
-        Raises BackendOverloaded (429/503/529), BackendError (anything else
-        that failed) or LeaseLost (``abort`` was set mid-call).
+        Raises BackendOverloaded (429/503/529), BackendTimeout (a limit fired),
+        BackendError (anything else that failed) or LeaseLost (``abort`` was set
+        mid-call). The caller makes sure there is time left: a limit <= 0 is a
+        caller's bug, not the backend's.
         """
-        if timeout <= 0:
-            raise BackendError(f"no time left to call {model.name}", model.name)
+        first = timeout if first_token_timeout is None else min(first_token_timeout, timeout)
+        if first <= 0:
+            raise ValueError(f"call limits must be > 0 (timeout {timeout}, first token {first_token_timeout})")
         headers = {"content-type": "application/json"}
+        if task_id:
+            # Lets a backend's logs (and the simulator's call record) name the task.
+            headers[TASK_HEADER] = task_id
         if model.api_key_env:
             key = os.environ.get(model.api_key_env)
             if key:
                 headers["authorization"] = f"Bearer {key}"
-        limit = httpx.Timeout(timeout, connect=min(timeout, 5.0))
+        # The read limit is the first-token limit: it bounds the wait for the
+        # first chunk (and any later silence of the same length).
+        limit = httpx.Timeout(timeout, connect=min(first, 5.0), read=first)
         start = time.monotonic()
+        progress = _Progress()
         try:
             if model.kind == "embedding":
                 return self._embed(model, payload, headers, limit, start)
-            return self._chat(model, payload, headers, limit, start, timeout, abort)
+            return self._chat(model, payload, headers, limit, start, timeout, abort, progress)
         except httpx.TimeoutException as exc:
-            raise BackendError(f"{model.name} timed out after {timeout:.1f}s ({type(exc).__name__})", model.name) from exc
+            if isinstance(exc, httpx.ConnectTimeout):
+                raise BackendError(f"{model.name} could not be reached within {min(first, 5.0):.1f}s", model.name) from exc
+            if progress.ttft is None:
+                raise BackendTimeout(
+                    f"{model.name} gave no first token within {first:.1f}s; call abandoned",
+                    model.name, phase="first_token", limit_seconds=first,
+                ) from exc
+            raise BackendTimeout(f"{model.name} went silent mid-answer for {first:.1f}s; call abandoned",
+                                 model.name, phase="answer", limit_seconds=first) from exc
         except httpx.HTTPError as exc:
             raise BackendError(f"{model.name} could not be reached: {exc}", model.name) from exc
 
@@ -81,7 +107,7 @@ class BackendClient:
         _raise_for_status(model, response.status_code, response.text)
         return BackendAnswer(model.name, response.json(), response.status_code, time.monotonic() - start)
 
-    def _chat(self, model, payload, headers, limit, start, timeout, abort) -> BackendAnswer:
+    def _chat(self, model, payload, headers, limit, start, timeout, abort, progress) -> BackendAnswer:
         body = {**payload, "model": model.name, "stream": True}
         content: list[str] = []
         ttft = None
@@ -98,7 +124,8 @@ class BackendClient:
                 if abort is not None and abort.is_set():
                     raise LeaseLost(f"lease on {model.name}'s lane was lost mid-call; call aborted")
                 if time.monotonic() - start > timeout:
-                    raise BackendError(f"{model.name} did not finish within {timeout:.1f}s", model.name)
+                    raise BackendTimeout(f"{model.name} did not finish within {timeout:.1f}s", model.name,
+                                         phase="answer", limit_seconds=timeout)
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -109,7 +136,7 @@ class BackendClient:
                     raise _stream_error(model, chunk["error"])
                 chunks += 1
                 if ttft is None:
-                    ttft = time.monotonic() - start
+                    ttft = progress.ttft = time.monotonic() - start
                 for choice in chunk.get("choices", []):
                     delta = choice.get("delta") or {}
                     if delta.get("content"):
@@ -129,6 +156,12 @@ class BackendClient:
         if usage:
             answer["usage"] = usage
         return BackendAnswer(model.name, answer, 200, time.monotonic() - start, ttft, chunks)
+
+
+class _Progress:
+    """How far a streamed call got, for naming the limit that fired."""
+
+    ttft: float | None = None
 
 
 def _url(model: ModelInfo, path: str) -> str:

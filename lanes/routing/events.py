@@ -4,19 +4,32 @@
 passed over) come at request rate, so they are buffered in the process and
 flushed by one background thread in a pipeline, instead of costing each
 request a round trip. The stream is trimmed to ``max_len`` entries.
+
+Events are a report, never a reason to lose work: the flusher survives any
+Redis error (a full no-eviction Redis answers ``OutOfMemoryError``, not a
+connection error), the buffer in the process is bounded in ``record()`` itself
+(the oldest events are dropped and counted while Redis cannot take them), and
+``close()`` never raises.
+
+:class:`EventObserver` turns the walker's attempts and bypasses into events:
+``lane_wait`` (one per admission), ``lane_bypass`` (one per candidate passed
+over) and ``call_abandoned`` (a call given up for want of a first token).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import threading
-
 from dataclasses import dataclass
 
 import redis
 
 from lanes.errors import RedisUnavailable
 from lanes.namespace import Namespace
+from lanes.routing.observers import Attempt, BaseObserver, Bypass
+
+log = logging.getLogger("lanes.routing")
 
 
 @dataclass(frozen=True)
@@ -52,10 +65,14 @@ class EventLog:
         max_len: int = 100_000,
         enabled: bool = True,
         flush_interval: float = 0.1,
+        max_buffer: int | None = None,
     ) -> None:
         self._client = client
         self._key = events_key(prefix)
         self._max_len = max_len
+        # Never more in the process than the stream itself would keep.
+        self._max_buffer = max_buffer if max_buffer is not None else max_len
+        self.dropped = 0  # events dropped because Redis could not take them in time
         self.enabled = enabled
         self._interval = flush_interval
         self._buffer: list[dict] = []
@@ -70,7 +87,11 @@ class EventLog:
         fields = {"kind": kind, "pool": pool or "", "workflow": workflow or "", "detail": json.dumps(detail)}
         with self._lock:
             self._buffer.append(fields)
-            if self._thread is None:
+            overflow = len(self._buffer) - self._max_buffer
+            if overflow > 0:
+                del self._buffer[:overflow]
+                self.dropped += overflow
+            if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="lanes-events", daemon=True)
                 self._thread.start()
 
@@ -82,6 +103,8 @@ class EventLog:
                 self.flush()
             except RedisUnavailable:
                 pass  # kept in the buffer; the next flush tries again
+            except Exception:  # the flusher must outlive any fault, or events pile up
+                log.warning("routing events could not be flushed; retrying", exc_info=True)
 
     def flush(self) -> int:
         with self._lock:
@@ -93,10 +116,15 @@ class EventLog:
             pipe.xadd(self._key, fields, maxlen=self._max_len, approximate=True)
         try:
             pipe.execute()
-        except redis.ConnectionError as exc:
+        except redis.RedisError as exc:
             with self._lock:
                 # Keep what failed, but never grow without bound while Redis is away.
-                self._buffer = (batch + self._buffer)[-self._max_len :]
+                kept = batch + self._buffer
+                overflow = len(kept) - self._max_buffer
+                if overflow > 0:
+                    self.dropped += overflow
+                    kept = kept[overflow:]
+                self._buffer = kept
             raise RedisUnavailable(f"could not write routing events: {exc}") from exc
         return len(batch)
 
@@ -107,8 +135,8 @@ class EventLog:
             self._thread.join(timeout=2)
         try:
             self.flush()
-        except RedisUnavailable:
-            pass
+        except Exception:  # closing must never fail a worker's shutdown
+            log.warning("routing events left unwritten at close: %d", len(self._buffer), exc_info=True)
 
     def list(
         self,
@@ -163,3 +191,31 @@ def _decode(entry_id, fields) -> Event:
     )
 
 
+class EventObserver(BaseObserver):
+    """Routing events from the walker's reports."""
+
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+
+    def on_attempt(self, attempt: Attempt) -> None:
+        if attempt.pool is not None and attempt.wait_seconds is not None:
+            self.events.record(
+                "lane_wait", pool=attempt.pool, workflow=attempt.workflow,
+                priority=attempt.priority.label, wait_ms=_ms(attempt.wait_seconds),
+            )
+        if attempt.outcome in ("timeout", "abandoned"):
+            self.events.record(
+                "call_abandoned", pool=attempt.pool, workflow=attempt.workflow, model=attempt.model,
+                priority=attempt.priority.label, outcome=attempt.outcome, reason=attempt.reason,
+                call_ms=_ms(attempt.call_seconds) if attempt.call_seconds is not None else None,
+            )
+
+    def on_bypass(self, bypass: Bypass) -> None:
+        self.events.record(
+            "lane_bypass", pool=bypass.pool, workflow=bypass.workflow, model=bypass.model,
+            priority=bypass.priority.label, reason=bypass.reason, **bypass.detail,
+        )
+
+
+def _ms(seconds: float) -> float:
+    return round(seconds * 1000, 2)

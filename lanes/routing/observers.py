@@ -29,11 +29,17 @@ class Attempt:
 
     ``outcome`` is one of ``served``, ``failed`` (the backend answered with an
     error, or did not answer), ``timeout`` (no first token or answer within the
-    model's first-token timeout), ``lease_lost`` (our slot was lost mid-call),
-    ``rejected`` (the backend refused the request itself, e.g. a 400: not the
-    backend's fault). ``status`` is the HTTP status when one arrived.
+    model's first-token timeout), ``abandoned`` (no first token before the
+    request's own time for this candidate ran out: the deadline minus the
+    reserve kept for the candidates after it; our time, not the backend's
+    fault), ``lease_lost`` (our slot was lost mid-call), ``rejected`` (the
+    backend refused the request itself, e.g. a 400: not the backend's fault).
+    ``status`` is the HTTP status when one arrived.
     ``generation`` is the pool controller generation the request was admitted
     under (None for a model without a pool or before controllers run).
+    ``trial`` is the breaker's half-open trial token when this call was the
+    trial; ``reason`` the error text of an attempt that did not serve;
+    ``admitted_at`` the wall-clock time the call started.
     """
 
     workflow: str
@@ -48,6 +54,9 @@ class Attempt:
     wait_seconds: float | None = None
     generation: int | None = None
     task_id: str | None = None
+    trial: str | None = None
+    reason: str | None = None
+    admitted_at: float | None = None
 
     @property
     def backend_fault(self) -> bool:

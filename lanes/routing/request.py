@@ -20,6 +20,9 @@ class RouteRequest:
     deadline: float | None  # wall-clock epoch seconds for the answer; None: no deadline
     submitted_at: float
     idempotency_key: str | None = None
+    # Candidates already called for this task by earlier deliveries (a requeue
+    # or a retry carries them): they are not called again.
+    called: tuple[str, ...] = ()
 
     def to_message(self) -> dict:
         return {
@@ -30,6 +33,7 @@ class RouteRequest:
             "deadline": self.deadline,
             "submitted_at": self.submitted_at,
             "idempotency_key": self.idempotency_key,
+            "called": list(self.called),
         }
 
     @classmethod
@@ -42,6 +46,7 @@ class RouteRequest:
             deadline=message.get("deadline"),
             submitted_at=message["submitted_at"],
             idempotency_key=message.get("idempotency_key"),
+            called=tuple(message.get("called") or ()),
         )
 
 

@@ -5,6 +5,11 @@ Built lazily and shared by every worker thread of a process. Lane widths come
 from the one width authority (:mod:`lanes.pools`): a lane is (re)created at
 the authority's width, and a changed catalog is followed through it, never
 by writing the catalog width over a learned one.
+
+``observers`` is the list the walker reports every attempt and bypass to
+(breakers and routing events to begin with; controllers and metrics add
+themselves). ``control_generation`` is asked, right after a slot is granted,
+which controller generation the admission falls under (None: no controller).
 """
 
 from __future__ import annotations
@@ -23,8 +28,8 @@ from lanes.namespace import Namespace
 from lanes.pools import WidthAuthority, lane_key, pool_lane, running_kinds
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.backend import BackendClient
-from lanes.routing.breaker import Breakers
-from lanes.routing.events import EventLog
+from lanes.routing.breaker import BreakerObserver, Breakers
+from lanes.routing.events import EventLog, EventObserver
 from lanes.routing.observers import Observer
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
@@ -72,7 +77,7 @@ class Runtime:
         self.control = ControlStore(self.client, Namespace(settings.key_prefix))
         self.authority = WidthAuthority(self.control)
         # Everything that wants to hear how each backend call ended (walker -> observers).
-        self.observers: list[Observer] = [ControlObserver(self)]
+        self.observers: list[Observer] = [BreakerObserver(self.breakers), EventObserver(self.events), ControlObserver(self)]
         self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_widths)
         self._lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}

@@ -2,6 +2,10 @@
 
 Kept in Redis beside the result (one JSON entry per attempt, so Celery
 retries add to it) for as long as results are kept.
+
+A walk's :class:`Trace` is one of the listeners the walker reports to (beside
+the process-wide observers of the runtime): each attempt and bypass becomes
+one step.
 """
 
 from __future__ import annotations
@@ -12,10 +16,15 @@ from dataclasses import dataclass, field
 import redis
 
 from lanes.namespace import Namespace
+from lanes.routing.observers import Attempt, BaseObserver, Bypass
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1000, 2)
 
 
 @dataclass
-class Trace:
+class Trace(BaseObserver):
     task_id: str
     workflow: str
     priority: str
@@ -31,6 +40,22 @@ class Trace:
         entry = {"model": model, "pool": pool, "action": action, **detail}
         self.steps.append(entry)
         return entry
+
+    def on_attempt(self, attempt: Attempt) -> None:
+        detail: dict = {}
+        if attempt.wait_seconds is not None:
+            detail["wait_ms"] = _ms(attempt.wait_seconds)
+        if attempt.outcome == "served":
+            detail.update(admitted_at=attempt.admitted_at, call_ms=_ms(attempt.call_seconds),
+                          ttft_ms=_ms(attempt.ttft_seconds))
+        else:
+            detail.update(reason=attempt.reason, status=attempt.status, call_ms=_ms(attempt.call_seconds))
+        if attempt.trial is not None:
+            detail["breaker_trial"] = True
+        self.step(attempt.model, attempt.pool, attempt.outcome, **detail)
+
+    def on_bypass(self, bypass: Bypass) -> None:
+        self.step(bypass.model, bypass.pool, "bypass", reason=bypass.reason, **bypass.detail)
 
     def as_dict(self) -> dict:
         return {

@@ -1,21 +1,35 @@
 """The fallback walker: one routed request through its workflow's candidates.
 
-For each candidate, in the workflow's order:
+A request whose deadline passed before its walk began (it sat in a queue)
+fails at once with :class:`DeadlineExpired`: no lane is touched, no breaker
+learns anything. Then, for each candidate, in the workflow's order:
 
-- its breaker is open, or its lane's forecast wait exceeds what the request
-  can spend there -> pass it over (``lane_bypass``), unless it is the last;
-- otherwise wait in its lane until the admission deadline minus the
+- its breaker is open -> pass it over (``lane_bypass``), unless it is the last;
+- a free slot in its lane is taken at once, whatever the budget (a free slot
+  costs no waiting);
+- otherwise, when the forecast wait exceeds what the request can spend there,
+  pass it over; else wait in its lane until the admission deadline minus the
   workflow's fallback reserve (the last candidate keeps no reserve);
-- call the backend, capped by the time left to the deadline; a failure feeds
-  the breaker and moves on, and the slot is always released.
+- holding the slot, claim the breaker (the half-open trial is taken only here,
+  and given back on every path that does not call), then call the backend:
+  its first token must come before the deadline minus the reserve, so a hung
+  backend leaves the next candidates their time.
 
-Background work with no deadline waits without limit, up to a cap below
-Celery's visibility timeout, where it asks to be requeued instead (so does
-any wait whose budget is longer than that cap).
+Every wait and every call also fits in the walk's budget from delivery (below
+Celery's visibility timeout, :mod:`lanes.routing.budget`): a walk that cannot
+fit its next step asks to be requeued (:class:`RequeueRequested`), carrying
+the candidates already called so no backend is called again for the task.
+
+The walker does not feed breakers or events itself: it reports one
+:class:`Attempt` per call and one :class:`Bypass` per candidate passed over to
+the runtime's observers and to the walk's trace (:mod:`lanes.routing.observers`).
+After a successful call, releasing the slot and every report are best effort:
+the answer is returned whatever Redis says (an unreleased slot's lease expires).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -25,22 +39,35 @@ from lanes.errors import (
     AcquireCancelled,
     AcquireTimeout,
     BackendError,
+    BackendTimeout,
     CandidatesExhausted,
     CapacityWaitTimeout,
+    DeadlineExpired,
     LaneSignal,
     LeaseLost,
 )
 from lanes.priority import Priority
-from lanes.routing.observers import Attempt, notify_attempt
+from lanes.routing.budget import WalkBudget, start_budget
+from lanes.routing.observers import Attempt, Bypass, notify_attempt, notify_bypass
 from lanes.routing.request import RouteRequest
 from lanes.routing.trace import Trace
 
 if TYPE_CHECKING:
     from lanes.routing.runtime import Runtime
 
+log = logging.getLogger("lanes.routing")
+
 
 class RequeueRequested(LaneSignal):
-    """A background wait reached the cap below the visibility timeout: requeue the task."""
+    """The walk cannot fit its next wait or call in its budget from delivery: requeue the task.
+
+    ``called`` names the candidates already called in this walk (and earlier
+    deliveries); the requeued task skips them.
+    """
+
+    def __init__(self, message: str, called: tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.called = called
 
 
 SKIP = object()  # a candidate passed over or given up on: try the next one
@@ -50,6 +77,7 @@ OUTCOMES = {
     CapacityWaitTimeout: "capacity_timeout",
     RequeueRequested: "requeued",
     AcquireCancelled: "cancelled",
+    DeadlineExpired: "expired",
 }
 
 
@@ -67,10 +95,19 @@ class RouteResult:
         }
 
 
+@dataclass
+class _Admission:
+    """A held slot (``permit`` None for a model without a pool) and what came with it."""
+
+    permit: object | None
+    generation: int | None
+
+
 class Walker:
     def __init__(self, runtime: "Runtime") -> None:
         self.rt = runtime
         self.trace: Trace | None = None  # the last walk's, kept for failures too
+        self.called: list[str] = []  # candidates called for this task, earlier deliveries included
 
     def walk(
         self,
@@ -79,9 +116,11 @@ class Walker:
         attempt: int = 0,
         cancel: threading.Event | None = None,
         trace: Trace | None = None,
+        delivered_at: float | None = None,
     ) -> RouteResult:
-        route = self.rt.workflow(request.workflow)
-        started = self.rt.clock.now().timestamp()
+        rt = self.rt
+        route = rt.workflow(request.workflow)
+        started = rt.clock.now().timestamp()
         trace = self.trace = trace or Trace(
             task_id=request.task_id,
             workflow=route.name,
@@ -91,14 +130,25 @@ class Walker:
             started_at=started,
             queued_seconds=max(0.0, started - request.submitted_at),
         )
-        admission_deadline = request.deadline
-        if admission_deadline is None and request.priority is not Priority.BACKGROUND:
-            admission_deadline = started + self.rt.settings.admission_cap_seconds
-
-        last_index = len(route.candidates) - 1
-        for index, model in enumerate(route.candidates):
+        self.called = list(request.called)
+        if request.deadline is not None and request.deadline <= started:
+            trace.outcome = "expired"
+            raise DeadlineExpired(
+                f"task {request.task_id} reached its deadline {started - request.deadline:.1f}s before "
+                f"routing began (it waited {trace.queued_seconds:.1f}s in the queue); no backend was called"
+            )
+        budget = start_budget(
+            deadline=request.deadline,
+            admission_cap=None if request.priority is Priority.BACKGROUND else rt.settings.admission_cap_seconds,
+            walk_seconds=rt.settings.background_wait_cap,
+            started=started,
+            delivered_at=delivered_at,
+        )
+        candidates = [model for model in route.candidates if model.name not in request.called]
+        for index, model in enumerate(candidates):
+            last = index == len(candidates) - 1
             try:
-                outcome = self._try(route, model, request, index == last_index, admission_deadline, cancel, trace)
+                outcome = self._try(route, model, request, last, budget, cancel, trace)
             except BaseException as exc:
                 trace.outcome = OUTCOMES.get(type(exc), "failed")
                 raise
@@ -107,119 +157,179 @@ class Walker:
                 trace.served_by = model.name
                 return RouteResult(outcome, trace)
         trace.outcome = "exhausted"
+        tried = "; ".join(
+            f"{s['model']}: {s['action']}" + (f" ({s['reason']})" if s.get("reason") else "") for s in trace.steps
+        )
         raise CandidatesExhausted(
             f"every candidate of workflow {route.name!r} failed or was passed over: "
-            + "; ".join(f"{s['model']}: {s['action']}" + (f" ({s['reason']})" if s.get("reason") else "") for s in trace.steps)
+            + (tried or f"all were called in earlier attempts ({', '.join(request.called)})")
         )
 
-    def _try(self, route, model, request, last, admission_deadline, cancel, trace) -> dict | None:
+    # --- one candidate ------------------------------------------------------
+
+    def _try(self, route, model, request, last, budget: WalkBudget, cancel, trace) -> dict | None:
         """Serve the request on ``model``, or return None to move on to the next candidate."""
-        if self.rt.breakers.state(model.name) == "open" and not last:
+        if not last and self.rt.breakers.state(model.name) == "open":
             self._bypass(trace, route, model, request, "breaker_open")
             return None
-        admitted = self._admit(route, model, request, last, admission_deadline, cancel, trace)
+        admitted = self._admit(route, model, request, last, budget, cancel, trace)
         if admitted is SKIP:
             return None
-        return self._call(model, request, admitted, trace)
+        try:
+            return self._call(route, model, request, last, budget, admitted, trace)
+        finally:
+            self._release(admitted.permit, model)  # a no-op when _call released it already
 
-    def _admit(self, route, model, request, last, admission_deadline, cancel, trace):
-        """A permit on the model's lane, None for a model without a pool, or SKIP."""
+    def _admit(self, route, model, request, last, budget: WalkBudget, cancel, trace):
+        """An :class:`_Admission` on the model's lane, or SKIP."""
         rt = self.rt
         pool = model.pool
+        now = rt.clock.now().timestamp()
+        wait_room = budget.wait_room(now, model.timeout_seconds)
+        if wait_room <= 0 and (budget.deadline is None or budget.deadline > budget.walk_deadline):
+            raise RequeueRequested(
+                f"{model.name}'s call ({model.timeout_seconds:.0f}s) no longer fits in this delivery's budget; "
+                "requeued", tuple(self.called),
+            )
         if pool is None:
-            return None
+            return _Admission(None, None)
         lane = rt.lane(pool)
-        budget = None
-        if admission_deadline is not None:
-            reserve = 0.0 if last else route.reserve_seconds
-            budget = admission_deadline - rt.clock.now().timestamp() - reserve
-            if not last:
-                if budget <= 0:
-                    self._bypass(trace, route, model, request, "budget_spent", budget_ms=_ms(budget))
-                    return SKIP
-                forecast = lane.forecast(request.priority)
-                if forecast is not None and forecast > budget:
-                    self._bypass(trace, route, model, request, "forecast",
-                                 forecast_ms=_ms(forecast), budget_ms=_ms(budget))
-                    return SKIP
-        # No wait may outlive Celery's visibility timeout, or the task would be
-        # delivered twice while it still waits: past the cap it is requeued.
-        cap = rt.settings.background_wait_cap
-        wait_limit = cap if budget is None else min(max(0.0, budget), cap)
+        # A free slot costs no waiting: take it whatever the budget.
+        permit = lane.try_acquire(request.priority)
+        if permit is None:
+            permit = self._wait(route, model, request, last, budget, lane, now, wait_room, cancel, trace)
+            if permit is SKIP:
+                return SKIP
+        return _Admission(permit, self._generation(pool, permit, model))
+
+    def _wait(self, route, model, request, last, budget, lane, now, wait_room, cancel, trace):
+        reserve = 0.0 if last else route.reserve_seconds
+        admission = budget.admission_budget(now, reserve)
+        if not last and admission is not None:
+            if admission <= 0:
+                self._bypass(trace, route, model, request, "budget_spent", budget_ms=_ms(admission))
+                return SKIP
+            forecast = lane.forecast(request.priority)
+            if forecast is not None and forecast > admission:
+                self._bypass(trace, route, model, request, "forecast",
+                             forecast_ms=_ms(forecast), budget_ms=_ms(admission))
+                return SKIP
+        # The wait ends by the admission budget, and early enough that the
+        # call after it still ends inside the walk's budget from delivery.
+        wait_limit = wait_room if admission is None else min(admission, wait_room)
         started = time.monotonic()
         try:
-            permit = lane.acquire(request.priority, timeout=wait_limit, cancel=cancel)
+            if wait_limit <= 0:
+                raise AcquireTimeout("no time left to wait")
+            return lane.acquire(request.priority, timeout=wait_limit, cancel=cancel)
         except AcquireTimeout:
             waited = time.monotonic() - started
-            trace.step(model.name, pool.name, "wait_timeout", wait_ms=_ms(waited))
-            if budget is None or budget > cap:
-                raise RequeueRequested(f"lane wait on {pool.name} reached {wait_limit:.0f}s; requeued") from None
+            trace.step(model.name, model.pool.name, "wait_timeout", wait_ms=_ms(waited))
+            if admission is None or admission > wait_room:
+                raise RequeueRequested(
+                    f"lane wait on {model.pool.name} reached {max(0.0, wait_limit):.0f}s, the most this delivery "
+                    "can spend there; requeued", tuple(self.called),
+                ) from None
             if last:
                 raise CapacityWaitTimeout(
-                    f"capacity_wait_timeout: no slot on {pool.name} for workflow {route.name!r} "
+                    f"capacity_wait_timeout: no slot on {model.pool.name} for workflow {route.name!r} "
                     f"within {waited:.1f}s; retry later"
                 ) from None
             return SKIP
-        rt.events.record(
-            "lane_wait", pool=pool.name, workflow=route.name,
-            priority=request.priority.label, wait_ms=_ms(permit.waited_seconds),
-        )
-        return permit
 
-    def _call(self, model, request, permit, trace) -> dict | None:
-        """Call the backend holding ``permit``; always release it, then tell the observers."""
-        rt = self.rt
-        pool_name = model.pool.name if model.pool else None
-        admitted_at = rt.clock.now().timestamp()
-        waited = {"wait_ms": _ms(permit.waited_seconds)} if permit is not None else {}
-        timeout = model.timeout_seconds
-        if request.deadline is not None:
-            timeout = min(timeout, request.deadline - admitted_at)
-        started = time.monotonic()
-        ended = {"outcome": "failed", "status": None, "ttft_seconds": None}
-        generation = None
+    def _generation(self, pool, permit, model) -> int | None:
+        """The controller generation this admission falls under (right after the grant)."""
         try:
-            if permit is not None:
-                generation = rt.control_generation(model.pool)
-            answer = rt.backend.call(model, request.payload, timeout=timeout,
-                                     abort=permit.lost if permit is not None else None)
-            ended.update(outcome="served", ttft_seconds=answer.ttft_seconds)
-        except LeaseLost as exc:
-            ended["outcome"] = "lease_lost"
-            trace.step(model.name, pool_name, "lease_lost", reason=str(exc), **waited)
+            return self.rt.control_generation(pool)
+        except Exception:  # a controller's fault must not lose the slot or the task
+            log.warning("control generation of pool %s could not be read", pool.name, exc_info=True)
             return None
-        except BackendError as exc:
-            ended.update(outcome="rejected" if exc.request_rejected else "failed", status=exc.status)
-            if not exc.request_rejected:
-                rt.breakers.record(model.name, ok=False)
-            trace.step(model.name, pool_name, "failed", reason=str(exc), status=exc.status,
-                       call_ms=_ms(time.monotonic() - started), **waited)
-            if exc.request_rejected:
-                raise
+
+    def _call(self, route, model, request, last, budget: WalkBudget, admitted: _Admission, trace) -> dict | None:
+        """Call the backend holding the admission's slot; report the attempt after releasing it."""
+        rt = self.rt
+        permit = admitted.permit
+        now = rt.clock.now().timestamp()
+        limits = budget.call_limits(now, model.timeout_seconds, 0.0 if last else route.reserve_seconds)
+        if limits is None:
+            if budget.deadline is not None and budget.deadline <= now:
+                raise DeadlineExpired(
+                    f"task {request.task_id} reached its deadline while waiting for {model.name}; "
+                    "no backend was called for it"
+                )
+            raise RequeueRequested(f"{model.name}'s call no longer fits in this delivery's budget; requeued",
+                                   tuple(self.called))
+        claim = rt.breakers.claim(model.name, call_seconds=limits.total)
+        if not claim.may_call and not last:
+            self._release(permit, model)
+            self._bypass(trace, route, model, request, "breaker_open")
             return None
-        finally:
-            if permit is not None:
-                permit.release()
-            notify_attempt(rt.observers, Attempt(
-                workflow=request.workflow, model=model.name, pool=pool_name,
-                pool_id=model.pool.id if model.pool else None, priority=request.priority,
-                call_seconds=time.monotonic() - started, generation=generation, task_id=request.task_id,
-                wait_seconds=permit.waited_seconds if permit is not None else None, **ended,
-            ))
-        rt.breakers.record(model.name, ok=True)
-        trace.step(
-            model.name, pool_name, "served", admitted_at=admitted_at, call_ms=_ms(answer.seconds),
-            ttft_ms=_ms(answer.ttft_seconds) if answer.ttft_seconds is not None else None, **waited,
+        pool = model.pool
+        self.called.append(model.name)
+        report = dict(
+            workflow=route.name, model=model.name, pool=pool.name if pool else None,
+            pool_id=pool.id if pool else None, priority=request.priority, generation=admitted.generation,
+            task_id=request.task_id, trial=claim.trial, admitted_at=now,
+            wait_seconds=permit.waited_seconds if permit is not None else None,
         )
-        return answer.body
+        started = time.monotonic()
+        error: BackendError | None = None
+        try:
+            answer = rt.backend.call(model, request.payload, timeout=limits.total,
+                                     first_token_timeout=limits.first_token,
+                                     abort=permit.lost if permit is not None else None,
+                                     task_id=request.task_id)
+        except LeaseLost as exc:
+            attempt = Attempt(outcome="lease_lost", reason=str(exc), call_seconds=time.monotonic() - started, **report)
+        except BackendTimeout as exc:
+            # The model's own limit fired: the backend's fault. Our cap fired
+            # (the time kept for the next candidates): the call is abandoned,
+            # which says nothing about the backend.
+            ours = exc.limit_seconds < model.timeout_seconds - 1e-3
+            attempt = Attempt(outcome="abandoned" if ours else "timeout", reason=str(exc),
+                              call_seconds=time.monotonic() - started, **report)
+        except BackendError as exc:
+            error = exc
+            attempt = Attempt(outcome="rejected" if exc.request_rejected else "failed", reason=str(exc),
+                              status=exc.status, call_seconds=time.monotonic() - started, **report)
+        except BaseException:
+            self._release(permit, model)
+            if claim.trial is not None:
+                self._give_back(model, claim.trial)
+            raise
+        else:
+            attempt = Attempt(outcome="served", status=answer.status, call_seconds=answer.seconds,
+                              ttft_seconds=answer.ttft_seconds, **report)
+        self._release(permit, model)
+        notify_attempt([*rt.observers, trace], attempt)
+        if attempt.outcome == "served":
+            return answer.body
+        if attempt.outcome == "rejected":
+            raise error
+        return None
+
+    # --- best-effort parts --------------------------------------------------
+
+    def _release(self, permit, model) -> None:
+        if permit is None:
+            return
+        try:
+            permit.release()
+        except Exception:  # the lease expires on its own; the answer must not be lost for it
+            log.warning("could not release the slot of %s; its lease will expire", model.name, exc_info=True)
+
+    def _give_back(self, model, trial: str) -> None:
+        try:
+            self.rt.breakers.give_back(model.name, trial)
+        except Exception:  # the trial period ends on its own
+            log.warning("could not give back the breaker trial of %s", model.name, exc_info=True)
 
     def _bypass(self, trace, route, model, request, reason: str, **detail) -> None:
-        pool_name = model.pool.name if model.pool else None
-        trace.step(model.name, pool_name, "bypass", reason=reason, **detail)
-        self.rt.events.record(
-            "lane_bypass", pool=pool_name, workflow=route.name, model=model.name,
-            priority=request.priority.label, reason=reason, **detail,
+        bypass = Bypass(
+            workflow=route.name, model=model.name, pool=model.pool.name if model.pool else None,
+            priority=request.priority, reason=reason, detail=detail, task_id=request.task_id,
         )
+        notify_bypass([*self.rt.observers, trace], bypass)
 
 
 def _ms(seconds: float) -> float:

@@ -15,6 +15,8 @@ every model of the simulator from any port):
 - ``GET /farm/services``: each model's capacity as a farm service limit
 - ``GET /admin/stats``, ``POST /admin/models/{name}`` (JSON changes),
   ``POST /admin/reset`` (``{"config": true}`` also restores the start settings)
+- ``GET /admin/calls``: every inference request as it arrived, with the task
+  id a Lanes worker sends in ``X-Lanes-Task`` (fault tests count calls per task)
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 from lanes.errors import InvalidInput
 from lanes.sim import openai
 from lanes.sim.engine import FINISHED, SimRequest
-from lanes.sim.fleet import Fleet
+from lanes.sim.fleet import TASK_HEADER, Fleet
 from lanes.sim.metrics import CONTENT_TYPE, Scrape, exposition
 from lanes.sim.served import Rejected, ServedModel, Ticket
 
@@ -117,6 +119,13 @@ async def changed(request: SimRequest) -> None:
     request.listener.clear()
 
 
+def _task_of(scope) -> str | None:
+    for name, value in scope.get("headers") or ():
+        if name == TASK_HEADER:
+            return value.decode("latin-1")
+    return None
+
+
 class SimApp:
     def __init__(self, fleet: Fleet, port: int | None) -> None:
         self.fleet = fleet
@@ -168,9 +177,13 @@ class SimApp:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         try:
             if method == "POST" and path == "/v1/chat/completions":
-                await self.chat(receive, send, parse_json(await read_body(receive)))
+                body = parse_json(await read_body(receive))
+                self.fleet.record_call(body.get("model"), _task_of(scope))
+                await self.chat(receive, send, body)
             elif method == "POST" and path == "/v1/embeddings":
-                await self.embeddings(receive, send, parse_json(await read_body(receive)))
+                body = parse_json(await read_body(receive))
+                self.fleet.record_call(body.get("model"), _task_of(scope))
+                await self.embeddings(receive, send, body)
             elif method == "GET" and path == "/v1/models":
                 await send_json(send, 200, openai.models_list(sorted(self.models())))
             elif method == "GET" and path == "/metrics":
@@ -350,6 +363,8 @@ class SimApp:
         try:
             if method == "GET" and path == "/admin/stats":
                 await send_json(send, 200, self.fleet.stats())
+            elif method == "GET" and path == "/admin/calls":
+                await send_json(send, 200, [{"model": m, "task_id": t} for m, t in self.fleet.calls])
             elif method == "POST" and path == "/admin/reset":
                 options = parse_json(await read_body(receive), required=False)
                 self.fleet.reset(config=bool(options.get("config")))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections import deque
+
 from typing import Any, Iterable
 
 from lanes.errors import InvalidInput
@@ -9,8 +11,16 @@ from lanes.sim.served import Device, ServedModel
 from lanes.sim.model import SimModel
 
 
+# The header a Lanes worker sends with every backend call, naming its task.
+TASK_HEADER = b"x-lanes-task"
+CALL_RECORD_LIMIT = 100_000
+
+
 class Fleet:
     def __init__(self, models: Iterable[SimModel]) -> None:
+        # Every inference request as it arrived: (model, task id or None), oldest
+        # first, bounded; fault tests count calls per task from it.
+        self.calls: deque[tuple[str, str | None]] = deque(maxlen=CALL_RECORD_LIMIT)
         self.engines: dict[str, ServedModel] = {}
         self.devices: dict[str, Device] = {}
         for model in models:
@@ -44,7 +54,11 @@ class Fleet:
         engine.configure(changes)
         return engine.stats()
 
+    def record_call(self, model: object, task_id: str | None) -> None:
+        self.calls.append((str(model), task_id))
+
     def reset(self, *, config: bool = False) -> None:
+        self.calls.clear()
         for engine in self.engines.values():
             if config:
                 engine.restore()

@@ -194,6 +194,10 @@ class Simulator:
         """Per model: capacity, running, waiting, in_flight, peaks, counters."""
         return self._on_loop(self.fleet.stats)
 
+    def calls(self) -> list[dict[str, str | None]]:
+        """Every inference request so far (since the last reset), oldest first: model and task id."""
+        return self._on_loop(lambda: [{"model": m, "task_id": t} for m, t in self.fleet.calls])
+
     def reset(self, *, config: bool = False) -> None:
         """Zero the counters; peaks restart from now. ``config``: also restore
         every model's start settings and clear injected failures."""

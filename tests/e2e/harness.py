@@ -64,6 +64,9 @@ class RemoteSim:
     def stats(self) -> dict:
         return self._http.get(self.url + "/admin/stats").json()
 
+    def calls(self) -> list[dict]:
+        return self._http.get(self.url + "/admin/calls").json()
+
     def configure(self, name: str, **changes) -> dict:
         return self._http.post(f"{self.url}/admin/models/{name}", json=changes).json()
 
@@ -99,6 +102,8 @@ class Deployment:
             LANES_LEASE_SECONDS=str(self.settings.lease_seconds),
             LANES_EVENTS_ENABLED=str(self.settings.events_enabled).lower(),
             LANES_WORKERS_PER_LANE=str(self.settings.workers_per_lane),
+            LANES_VISIBILITY_TIMEOUT_SECONDS=str(self.settings.visibility_timeout_seconds),
+            LANES_REDIS_TIMEOUT_SECONDS=str(self.settings.redis_timeout_seconds),
         )
         env.update(self.extra_env)
         return env
@@ -130,24 +135,36 @@ class Deployment:
         self.workers[fleet] = proc
         return proc
 
-    def wait_for_workers(self, fleets, timeout: float = 60.0) -> None:
+    def wait_for_workers(self, fleets, timeout: float = 120.0) -> None:
         wanted = set(fleets)
         deadline = time.monotonic() + timeout
         seen: set[str] = set()
         while time.monotonic() < deadline:
-            replies = self.client.celery.control.ping(timeout=0.5) or []
+            replies = self.client.celery.control.ping(timeout=1.0) or []
             seen = {name.split("@", 1)[0] for reply in replies for name in reply}
             if wanted <= seen:
                 return
             time.sleep(0.2)
         raise RuntimeError(f"workers did not answer within {timeout}s: missing {sorted(wanted - seen)}")
 
-    def stop_worker(self, fleet: str, sig: int = signal.SIGTERM, timeout: float = 40.0) -> int:
+    def worker_children(self, fleet: str) -> list[int]:
+        """Process ids of the Celery worker(s) a fleet's supervisor runs now."""
+        found = subprocess.run(["pgrep", "-P", str(self.workers[fleet].pid)], capture_output=True, text=True)
+        return [int(pid) for pid in found.stdout.split()]
+
+    def stop_worker(self, fleet: str, sig: int = signal.SIGTERM, timeout: float = 90.0) -> int:
+        # The supervisor gives calls in flight the fleet's longest timeout to finish.
         proc = self.workers.pop(fleet)
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
         proc.send_signal(sig)
         try:
             return proc.wait(timeout)
         except subprocess.TimeoutExpired:
+            for pid in children:  # never leave a worker behind its killed supervisor
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             proc.kill()
             return proc.wait()
 

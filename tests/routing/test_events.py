@@ -4,7 +4,9 @@ import time
 
 import redis
 
+from lanes.embedded import EmbeddedRedis
 from lanes.routing.events import EventLog
+from tests.polling import eventually
 
 
 def test_events_are_written_in_the_background_and_listed_newest_first(one_redis_url):
@@ -46,3 +48,40 @@ def test_since_and_limit_filter_the_listing(one_redis_url):
     log.flush()
     assert len(log.list(limit=7)) == 7
     assert log.list(since=time.time() + 60) == []
+
+
+def fill_to_the_limit(client) -> None:
+    """Make a no-eviction Redis refuse every write (OutOfMemoryError)."""
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 200_000)
+    block = "x" * 50_000
+    for i in range(100):
+        try:
+            client.set(f"ballast:{i}", block)
+        except redis.exceptions.OutOfMemoryError:
+            return
+    raise AssertionError("Redis never reached its memory limit")
+
+
+def test_the_flusher_outlives_a_full_redis_with_a_bounded_buffer_and_a_quiet_close(tmp_path):
+    server = EmbeddedRedis(tmp_path / "redis")  # private: its memory limit is ours to change
+    client = redis.Redis.from_url(server.ensure(), socket_timeout=5)
+    try:
+        log = EventLog(client, prefix="lanes:test", flush_interval=0.02, max_len=100, max_buffer=50)
+        fill_to_the_limit(client)
+        for i in range(200):
+            log.record("lane_wait", pool="p", n=i)
+        assert len(log._buffer) <= 50 and log.dropped >= 150  # bounded in record() itself
+        eventually(lambda: log._thread is not None and log.dropped >= 150, what="a failed flush")
+        time.sleep(0.1)  # a few flush rounds against the full Redis
+        assert log._thread.is_alive()
+        client.config_set("maxmemory", 0)  # room again
+        log.record("lane_wait", pool="p", n="after")
+        eventually(lambda: [e.detail for e in log.list(limit=1)] == [{"n": "after"}],
+                   what="the flusher to write again")
+        fill_to_the_limit(client)
+        log.record("lane_wait", pool="p", n="at close")
+        log.close()  # never raises, whatever Redis says
+    finally:
+        client.close()
+        server.stop()

@@ -1,10 +1,11 @@
--- May a call go to this backend now?
+-- What would a call to this backend meet now? Reads only: claiming the
+-- half-open trial is breaker_claim.lua, done once a lane slot is held.
 --
 -- KEYS[1]  breaker state hash  {<prefix>:breaker:<model>}:state
---          fields: opened_until (ms, server time), trial_until (ms)
--- ARGV[1]  trial_ms: how long one half-open trial may take before another is allowed
+--          fields: opened_until (ms, server time), trial_until (ms), trial_owner
 --
--- Returns 'closed' (call), 'half_open' (call: you are the one trial) or 'open' (do not call).
+-- Returns 'closed' (call), 'half_open' (the cool-down is over and no trial
+-- runs: a trial may be claimed) or 'open' (do not call).
 local opened_until = tonumber(redis.call('HGET', KEYS[1], 'opened_until') or '0')
 if opened_until == 0 then
   return 'closed'
@@ -18,5 +19,4 @@ local trial_until = tonumber(redis.call('HGET', KEYS[1], 'trial_until') or '0')
 if now < trial_until then
   return 'open'
 end
-redis.call('HSET', KEYS[1], 'trial_until', now + tonumber(ARGV[1]))
 return 'half_open'

@@ -1,6 +1,6 @@
 -- Record one call outcome and open or close the breaker.
 --
--- KEYS[1]  breaker state hash  fields: consecutive, failures (in window), opened_until, trial_until
+-- KEYS[1]  breaker state hash  fields: consecutive, failures (in window), opened_until, trial_until, trial_owner
 -- KEYS[2]  outcome window list (newest first; '1' failure, '0' success)
 -- ARGV[1]  1 success, 0 failure
 -- ARGV[2]  consecutive failures that open the breaker
@@ -28,7 +28,7 @@ redis.call('PEXPIRE', state, ARGV[7])
 
 if ok then
   redis.call('HSET', state, 'consecutive', 0)
-  redis.call('HDEL', state, 'opened_until', 'trial_until')
+  redis.call('HDEL', state, 'opened_until', 'trial_until', 'trial_owner')
   return 'closed'
 end
 
@@ -40,7 +40,7 @@ if was_trial or consecutive >= tonumber(ARGV[2]) or rate_open then
   local t = redis.call('TIME')
   local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
   redis.call('HSET', state, 'opened_until', now + tonumber(ARGV[6]))
-  redis.call('HDEL', state, 'trial_until')
+  redis.call('HDEL', state, 'trial_until', 'trial_owner')
   return 'open'
 end
 return 'closed'

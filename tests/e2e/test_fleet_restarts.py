@@ -1,0 +1,208 @@
+"""Fleet restarts, forced stops and renames with real workers, Redis and the simulator.
+
+Each test runs its own deployment on a private Redis server (so nothing here
+touches another test's queues); assertions are about states and call counts.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import redis
+
+from lanes import Priority
+from lanes.catalog import apply_document
+from lanes.embedded import EmbeddedRedis
+from lanes.sim import SimModel
+from tests.e2e.harness import deploy
+from tests.polling import eventually
+from workers.supervisor import FleetSupervisor
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+
+CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
+
+
+@pytest.fixture(scope="module")
+def private_redis(tmp_path_factory):
+    server = EmbeddedRedis(tmp_path_factory.mktemp("fleet-redis"))
+    url = server.ensure()
+    yield url
+    server.stop()
+
+
+@pytest.fixture
+def launch(tmp_path, private_redis):
+    made = []
+
+    def start(document, sim_models, fleets, **settings):
+        redis.Redis.from_url(private_redis).flushdb()
+        settings.setdefault("visibility_timeout_seconds", 600)
+        dep = deploy(tmp_path / f"d{len(made)}", private_redis, json.loads(json.dumps(document)),
+                     sim_models, fleets, **settings)
+        made.append(dep)
+        return dep
+
+    yield start
+    for dep in made:
+        dep.close()
+
+
+def calls_of(dep, task_id: str) -> list[str]:
+    return [c["model"] for c in dep.sim.calls() if c["task_id"] == task_id]
+
+
+def state(dep, task_id: str) -> str:
+    return dep.client.celery.AsyncResult(task_id).state
+
+
+RESTART_DOC = {
+    "pools": [{"name": "gpu", "width": 2}],
+    "models": [
+        {"name": "slow", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 45_000},
+        {"name": "quick", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 10_000},
+    ],
+    "workflows": [
+        {"name": "long", "priority": "interactive", "candidates": ["slow"]},
+        {"name": "short", "priority": "interactive", "candidates": ["quick"]},
+    ],
+}
+
+
+def test_a_restart_lets_a_call_longer_than_30s_finish_while_the_new_worker_already_serves(launch):
+    dep = launch(RESTART_DOC, [SimModel(name="slow", capacity=4, service_ms=33_000.0),
+                               SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
+    long = dep.client.submit("long", CHAT)
+    eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=30, what="the long call to start")
+    [old_worker] = dep.worker_children("gpu")
+
+    wider = json.loads(json.dumps(RESTART_DOC))
+    wider["pools"][0]["width"] = 3
+    for model in wider["models"]:
+        model["base_url"] = dep.sim.base_url
+    apply_document(dep.client.engine, wider)
+
+    # The new worker starts (and answers) while the old one still finishes its call.
+    eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="a second worker beside the old")
+    short = dep.client.submit("short", CHAT)
+    assert short.get(timeout=60)["model"] == "quick"
+    assert dep.sim.stats()["slow"]["in_flight"] == 1  # the long call is still running, untouched
+
+    assert long.get(timeout=90)["model"] == "slow"
+    assert calls_of(dep, long.id) == ["slow"]  # called once, never cut and called again
+    eventually(lambda: old_worker not in dep.worker_children("gpu"), timeout=30, what="the old worker to exit")
+
+
+def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch, private_redis):
+    dep = launch(RESTART_DOC, [SimModel(name="slow", capacity=4, service_ms=20_000.0),
+                               SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
+    dep.stop_worker("gpu")  # a bare worker, so nothing consumes the message once handed back
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--concurrency", "2", "--background-limit", "1"],
+        env=dep.env,
+    )
+    try:
+        long = dep.client.submit("long", CHAT)
+        eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=60, what="the call to start")
+        supervisor = FleetSupervisor(dep.settings, "gpu", echo=lambda *_: None)
+        supervisor._stop_child(worker, 1.0)  # far shorter than the call: the stop is forced
+        assert worker.poll() is not None
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+    broker = redis.Redis.from_url(private_redis)
+    # Back in its queue now, not after the 600 s visibility timeout.
+    assert broker.llen("lanes.gpu") == 1
+    assert json.loads(broker.lindex("lanes.gpu", 0))["headers"]["id"] == long.id
+    assert broker.hlen("unacked") == 0
+
+
+RENAME_DOC = {
+    "pools": [{"name": "gpu", "width": 1}],
+    "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 10_000}],
+    "workflows": [{"name": "w", "priority": "interactive", "candidates": ["m"]}],
+}
+
+
+def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redis):
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    lane = dep.lane("gpu")
+    hold = lane.acquire("interactive", timeout=10)  # the lane is busy: work queues up
+    tasks = [dep.client.submit("w", CHAT) for _ in range(4)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two tasks waiting in the lane")
+    broker = redis.Redis.from_url(private_redis)
+    assert broker.llen("lanes.gpu") == 2  # and two in the fleet's queue
+
+    renamed = json.loads(json.dumps(RENAME_DOC))
+    renamed["pools"] = [{"name": "gpu-renamed", "previous_names": ["gpu"], "width": 1}]
+    renamed["models"][0].update(pool="gpu-renamed", base_url=dep.sim.base_url)
+    apply_document(dep.client.engine, renamed)
+
+    # The supervisor follows the pool: a worker on the new name's queues, the old queue drained.
+    eventually(lambda: broker.llen("lanes.gpu") == 0 and broker.llen("lanes.gpu.background") == 0
+               and lane.stats().queued[Priority.INTERACTIVE] == 0, timeout=60, what="the old name's work to move")
+    hold.release()
+    for task in tasks:
+        assert task.get(timeout=60)["model"] == "m"
+        assert calls_of(dep, task.id) == ["m"]
+    assert dep.workers["gpu"].poll() is None  # the supervisor is still running
+    fresh = dep.client.submit("w", CHAT)
+    assert fresh.get(timeout=60)["model"] == "m"
+
+
+def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queue(launch, private_redis):
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    broker = redis.Redis.from_url(private_redis)
+    lane = dep.lane("gpu")
+    hold = lane.acquire("interactive", timeout=10)
+    first = [dep.client.submit("w", CHAT) for _ in range(2)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+    later = [dep.client.submit("w", CHAT) for _ in range(2)]
+    eventually(lambda: broker.llen("lanes.gpu") == 2, timeout=30, what="two tasks queued behind them")
+
+    dep.stop_worker("gpu")  # a warm shutdown gives up the two lane waits
+    hold.release()
+    # kombu serves a queue from its right end: the handed-back tasks come first.
+    serving_order = [json.loads(m)["headers"]["id"] for m in reversed(broker.lrange("lanes.gpu", 0, -1))]
+    assert len(serving_order) == 4
+    assert set(serving_order[:2]) == {t.id for t in first}
+    assert serving_order[2:] == [t.id for t in later]
+
+
+def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch):
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    lane = dep.lane("gpu")
+    hold = lane.acquire("interactive", timeout=10)
+    waiting = [dep.client.submit("w", CHAT) for _ in range(2)]  # both worker threads wait in the lane
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+    queued = dep.client.submit("w", CHAT)  # taken by no worker yet
+    dep.client.celery.control.revoke(queued.id)
+
+    wider = json.loads(json.dumps(RENAME_DOC))
+    wider["pools"][0]["width"] = 2
+    wider["models"][0]["base_url"] = dep.sim.base_url
+    apply_document(dep.client.engine, wider)  # the fleet restarts: a new worker, then the old one stops
+    eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the new worker beside the old")
+    hold.release()
+    for task in waiting:
+        assert task.get(timeout=60)["model"] == "m"
+    eventually(lambda: state(dep, queued.id) == "REVOKED", timeout=60, what="the revoked task to be discarded")
+    assert calls_of(dep, queued.id) == []
+
+
+def test_a_dropped_broker_connection_mid_call_does_not_call_the_backend_again(launch, private_redis):
+    dep = launch(RESTART_DOC, [SimModel(name="slow", capacity=4, service_ms=6_000.0),
+                               SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
+    long = dep.client.submit("long", CHAT)
+    eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=60, what="the call to start")
+    # Every client connection is cut, the workers' broker connection included (as a Redis restart would).
+    redis.Redis.from_url(private_redis).client_kill_filter(_type="normal", skipme=True)
+    assert long.get(timeout=90)["model"] == "slow"
+    time.sleep(8)  # room for a second delivery to show itself
+    assert calls_of(dep, long.id) == ["slow"]
