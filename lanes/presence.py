@@ -14,6 +14,7 @@ import redis
 
 from lanes.errors import RedisUnavailable
 from lanes.namespace import Namespace
+from lanes.redis_conn import REDIS_UNAVAILABLE
 
 HEARTBEAT_TTL_SECONDS = 30.0
 
@@ -57,6 +58,6 @@ class WorkerPresence:
             for fleet in fleets:
                 pipe.zrangebyscore(self._names.workers(fleet), f"({now}", "+inf")
             replies = pipe.execute()
-        except redis.ConnectionError as exc:
+        except REDIS_UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis did not answer: {exc}") from exc
         return {fleet: sorted(m.decode() for m in members) for fleet, members in zip(fleets, replies)}

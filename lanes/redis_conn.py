@@ -6,7 +6,6 @@ import redis
 import redis.asyncio
 
 from lanes.embedded import EmbeddedRedis
-from lanes.lane.server import check_lane_redis
 from lanes.errors import RedisUnavailable
 from lanes.settings import Settings
 
@@ -72,9 +71,11 @@ def eviction_warning(client: redis.Redis) -> str | None:
     return None
 
 
-
 def lane_redis_checks(client: redis.Redis) -> list[tuple[str, bool | None, str]]:
     """What the Redis that holds lanes must be (see lanes.lane.server), checked."""
+    # Imported here: the lane package imports this module's error list.
+    from lanes.lane.server import check_lane_redis
+
     try:
         return check_lane_redis(client)
     except redis.RedisError as exc:

@@ -24,6 +24,7 @@ import redis
 
 from lanes.errors import InvalidInput, RedisUnavailable
 from lanes.namespace import Namespace
+from lanes.redis_conn import REDIS_UNAVAILABLE
 
 MAX_KEY_LENGTH = 200
 POLL_SECONDS = 0.02
@@ -99,7 +100,7 @@ class IdempotencyKey:
                         "try again"
                     )
                 time.sleep(POLL_SECONDS)
-        except redis.ConnectionError as exc:
+        except REDIS_UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis did not answer: {exc}") from exc
 
     def confirm(self, task_id: str, fingerprint: str) -> None:
