@@ -20,7 +20,7 @@ from lanes.redis_conn import connect
 @pass_settings
 def command(settings, no_redis, as_json) -> None:
     """Print the lane-config report; exit 1 if anything is wrong, 0 if not."""
-    engine = open_catalog(settings)
+    engine = open_catalog(settings, create=False)
     client = None
     try:
         table = load_routing(engine)

@@ -42,7 +42,8 @@ class LanesClient:
 
     def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None) -> None:
         self.settings = settings or load_settings()
-        self.engine = open_catalog(self.settings)
+        # A client only reads the catalog: a misspelt path is refused, never created.
+        self.engine = open_catalog(self.settings, create=False)
         self.catalog = CatalogView(self.engine)
         self._redis_url = redis_url
 

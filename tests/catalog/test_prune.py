@@ -142,7 +142,9 @@ def test_a_prune_that_cannot_reach_redis_is_exit_3(lanes, db_url, monkeypatch):
 
 
 @pytest.mark.parametrize(
-    "command", [("catalog", "show"), ("catalog", "export"), ("pools", "show"), ("worker", "--list")]
+    "command",
+    [("catalog", "show"), ("catalog", "export"), ("pools", "show"), ("worker", "--list"), ("check",),
+     ("submit", "dialog", "--payload", '{"messages": [{"role": "user", "content": "hi"}]}')],
 )
 def test_a_misspelt_sqlite_path_is_refused_and_not_created(isolated_env, tmp_path, monkeypatch, command):
     misspelt = tmp_path / "catalgo.db"
