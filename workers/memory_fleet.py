@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from lanes.catalog import RoutingTable, catalog_version, load_routing
+from lanes.catalog import RoutingTable, catalog_stamp, load_routing
 from lanes.errors import InvalidInput, LanesError
 from lanes.memory import MEMORY_WORKFLOW, open_memory
 from lanes.settings import Settings, load_settings
@@ -85,7 +85,7 @@ class MemorySupervisor:
 
     def run(self) -> int:
         plan = self.plan()  # a catalog without the workflow fails here, before anything starts
-        version = catalog_version(self.engine)
+        version = catalog_stamp(self.engine)
         self._child = self._start(plan)
         backoff = 1.0
         try:
@@ -97,7 +97,7 @@ class MemorySupervisor:
                     self._child = self._start(plan)
                     continue
                 backoff = 1.0
-                current = catalog_version(self.engine)
+                current = catalog_stamp(self.engine)
                 if current == version:
                     continue
                 version = current
