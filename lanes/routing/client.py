@@ -42,10 +42,17 @@ class LanesClient:
 
     def __init__(self, settings: Settings | None = None, *, redis_url: str | None = None) -> None:
         self.settings = settings or load_settings()
-        # A client only reads the catalog: a misspelt path is refused, never created.
-        self.engine = open_catalog(self.settings, create=False)
-        self.catalog = CatalogView(self.engine)
         self._redis_url = redis_url
+
+    # The catalog is opened on first use (reading a result needs none). A client
+    # only reads it: a misspelt path is refused, never created.
+    @cached_property
+    def engine(self):
+        return open_catalog(self.settings, create=False)
+
+    @cached_property
+    def catalog(self) -> CatalogView:
+        return CatalogView(self.engine)
 
     # Redis is reached only once something is sent or read, so a refused
     # submit has touched nothing. A client never starts the embedded server:
@@ -171,7 +178,8 @@ class LanesClient:
             self.redis.close()
         if "celery" in self.__dict__:
             self.celery.close()
-        self.engine.dispose()
+        if "engine" in self.__dict__:
+            self.engine.dispose()
 
 
 _default: LanesClient | None = None

@@ -53,6 +53,9 @@ def _case(tmp_path: Path, case: str) -> tuple[list[str], dict, int, str]:
     if case == "empty task id":
         return ["result", ""], env, 2, "task id '' is not a task id"
     if case == "unwritable export path":
+        # A catalog to export (a state folder without one is refused before the path is tried).
+        subprocess.run([sys.executable, "-m", "lanes.cli", "db", "upgrade"], env=env, check=True,
+                       capture_output=True, timeout=120)
         return ["catalog", "export", "-o", str(tmp_path / "no-such-folder" / "fleet.toml")], env, 2, \
             f"cannot use {tmp_path / 'no-such-folder' / 'fleet.toml'}: No such file or directory"
     raise AssertionError(case)

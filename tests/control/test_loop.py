@@ -234,9 +234,10 @@ def test_a_fleet_is_sized_from_the_ceiling_while_a_controller_runs_and_from_the_
     settings = make_settings(workers_per_lane=2, fleet_max_workers=500)
     engine = open_catalog(settings)
     apply_document(engine, document(OVERLOAD, width=10, ceiling=100))
-    assert plan_fleet(rt_table(engine), "gpu", settings).concurrency == 200
+    # Each of the fleet's two queues gets width x workers per lane threads.
+    assert plan_fleet(rt_table(engine), "gpu", settings).foreground_threads == 200
     apply_document(engine, document({"kind": "off"}, width=10, ceiling=100))
-    assert plan_fleet(rt_table(engine), "gpu", settings).concurrency == 20
+    assert plan_fleet(rt_table(engine), "gpu", settings).foreground_threads == 20
 
 
 def rt_table(engine):

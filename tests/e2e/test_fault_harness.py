@@ -12,7 +12,9 @@ limit. Then it asserts what the README promises:
   errors: never stuck in STARTED/RETRY, never a raw redis-py error);
 - no backend is called twice for a task, unless the task's worker was killed
   in the middle of it (then at most once more);
-- no breaker opens for a backend that answered every call it got.
+- no breaker opens for a backend that answered every call it got;
+- interactive work is admitted before every background waiter that was
+  parked in its lane when it arrived.
 """
 
 from __future__ import annotations
@@ -215,7 +217,38 @@ def test_every_task_ends_once_and_no_backend_is_called_twice_under_faults(dep, p
     breakers = Breakers(admin, prefix=dep.settings.key_prefix)
     assert {name: breakers.state(name) for name in ("a", "b", "hosted")} == {
         "a": "closed", "b": "closed", "hosted": "closed"}
+    # Interactive work never lost its lane to a background waiter parked there before it.
+    assert parked_background_admitted_first(tasks, dep.client.traces) == []
+
     # Each task ended once: at most one trace attempt served it.
     for task_id in tasks:
         outcomes = [attempt["outcome"] for attempt in dep.client.traces.load(task_id)]
         assert outcomes.count("served") <= 1, (task_id, outcomes)
+
+
+# Timestamps come from the workers' clocks around a Redis call: a few
+# milliseconds either way are measurement, not order.
+ORDER_SLACK_SECONDS = 0.05
+
+
+def parked_background_admitted_first(tasks, traces) -> list[tuple]:
+    """(interactive task, background task) pairs where the background waiter
+    was parked in the same lane when the interactive one arrived, and was
+    admitted before it."""
+    admissions = []  # (task, pool, priority, arrived in the lane, admitted)
+    for task_id in tasks:
+        for trace in traces.load(task_id):
+            for step in trace["steps"]:
+                if step.get("action") == "served" and step.get("pool") and step.get("wait_ms") is not None:
+                    admitted = step["admitted_at"]
+                    arrived = admitted - step["wait_ms"] / 1000
+                    admissions.append((task_id, step["pool"], trace["priority"], arrived, admitted))
+    slack = ORDER_SLACK_SECONDS
+    return [
+        (urgent, waiter)
+        for urgent, pool, priority, arrived, admitted in admissions if priority == "interactive"
+        for waiter, bg_pool, bg_priority, bg_arrived, bg_admitted in admissions
+        if bg_pool == pool and bg_priority == "background"
+        and bg_arrived < arrived - slack and bg_admitted > arrived + slack  # parked when it arrived
+        and bg_admitted < admitted - slack  # and admitted first
+    ]
