@@ -94,8 +94,8 @@ def test_the_width_follows_the_backends_capacity_and_a_second_worker_takes_over(
     control = store(dep)
     # A second worker of the same fleet, started directly, competing for the lease.
     second = subprocess.Popen(
-        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--concurrency", "16",
-         "--background-limit", "15", "--hostname", "gpu-second@test"], env=dep.env)
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "16",
+         "--background-threads", "16", "--hostname", "gpu-second@test"], env=dep.env)
     load = Load(dep, 40)
     try:
         # Capacity 6, untold: the width finds it.

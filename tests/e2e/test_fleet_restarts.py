@@ -103,7 +103,7 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
                                SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
     dep.stop_worker("gpu")  # a bare worker, so nothing consumes the message once handed back
     worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--concurrency", "2", "--background-limit", "1"],
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "2", "--background-threads", "1"],
         env=dep.env,
     )
     try:
@@ -123,6 +123,10 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
     assert broker.hlen("unacked") == 0
 
 
+# A width-1 fleet's worker has 2 foreground and 2 background threads, and
+# Celery's own consumer takes foreground messages up to the whole pool's size.
+TAKEN = 4
+
 RENAME_DOC = {
     "pools": [{"name": "gpu", "width": 1}],
     "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 10_000}],
@@ -134,10 +138,10 @@ def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redi
     dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
     lane = dep.lane("gpu")
     hold = lane.acquire("interactive", timeout=10)  # the lane is busy: work queues up
-    tasks = [dep.client.submit("w", CHAT) for _ in range(4)]
-    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two tasks waiting in the lane")
+    tasks = [dep.client.submit("w", CHAT) for _ in range(TAKEN + 2)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == TAKEN, timeout=30, what="tasks waiting in the lane")
     broker = redis.Redis.from_url(private_redis)
-    assert broker.llen("lanes.gpu") == 2  # and two in the fleet's queue
+    eventually(lambda: broker.llen("lanes.gpu") == 2, timeout=10, what="two in the fleet's queue")
 
     renamed = json.loads(json.dumps(RENAME_DOC))
     renamed["pools"] = [{"name": "gpu-renamed", "previous_names": ["gpu"], "width": 1}]
@@ -161,8 +165,8 @@ def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queu
     broker = redis.Redis.from_url(private_redis)
     lane = dep.lane("gpu")
     hold = lane.acquire("interactive", timeout=10)
-    first = [dep.client.submit("w", CHAT) for _ in range(2)]
-    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+    first = [dep.client.submit("w", CHAT) for _ in range(TAKEN)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == TAKEN, timeout=30, what="waits in the lane")
     later = [dep.client.submit("w", CHAT) for _ in range(2)]
     eventually(lambda: broker.llen("lanes.gpu") == 2, timeout=30, what="two tasks queued behind them")
 
@@ -170,9 +174,9 @@ def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queu
     hold.release()
     # kombu serves a queue from its right end: the handed-back tasks come first.
     serving_order = [json.loads(m)["headers"]["id"] for m in reversed(broker.lrange("lanes.gpu", 0, -1))]
-    assert len(serving_order) == 4
-    assert set(serving_order[:2]) == {t.id for t in first}
-    assert serving_order[2:] == [t.id for t in later]
+    assert len(serving_order) == TAKEN + 2
+    assert set(serving_order[:TAKEN]) == {t.id for t in first}
+    assert serving_order[TAKEN:] == [t.id for t in later]
 
 
 def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch):
