@@ -100,12 +100,13 @@ def emit_json(data: Any) -> None:
 
 
 def emit_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]], *,
-               drop_order: Sequence[str] = ()) -> None:
+               drop_order: Sequence[str] = (), prose: Sequence[str] = ()) -> None:
     """A table that fits the terminal without cutting a cell.
 
     The first column (a name) never wraps or shortens; headers wrap at their
-    spaces; if that is not enough, the columns in ``drop_order`` are left out,
-    in that order, and a note says so (``--json`` shows everything).
+    spaces, and so do the values of ``prose`` columns (sentences), which take
+    the width left over; if that is not enough, the columns in ``drop_order``
+    are left out, in that order, and a note says so (``--json`` shows everything).
     """
     console = Console()
     cells = [["" if v is None else str(v) for v in row] for row in rows]
@@ -113,12 +114,14 @@ def emit_table(title: str | None, columns: Sequence[str], rows: Iterable[Sequenc
     if _width(natural, columns) <= console.width:
         console.print(_table(title, columns, columns, cells, None))
         return
-    widths = {c: _narrowest(c, [row[i] for row in cells]) for i, c in enumerate(columns)}
+    widths = {c: _narrowest(c, [row[i] for row in cells], prose=c in prose) for i, c in enumerate(columns)}
     shown = list(columns)
     for name in drop_order:
         if _width(widths, shown) <= console.width:
             break
         shown.remove(name)
+    for name in (c for c in prose if c in shown):
+        widths[name] += max(0, console.width - _width(widths, shown))
     console.print(_table(title, columns, shown, cells, widths))
     hidden = [c for c in columns if c not in shown]
     if hidden:
@@ -130,10 +133,12 @@ def _width(widths: dict[str, int], shown: Sequence[str]) -> int:
     return sum(widths[c] + 3 for c in shown) + 1
 
 
-def _narrowest(header: str, values: list[str]) -> int:
-    """Wide enough for every value and the header's longest word: only headers
-    wrap (at their spaces), no value is ever cut."""
-    return max([len(v) for v in values] + [len(word) for word in header.split()])
+def _narrowest(header: str, values: list[str], *, prose: bool = False) -> int:
+    """Wide enough for every value (for prose, its longest word) and the
+    header's longest word: headers and prose wrap at their spaces, no value is
+    ever cut."""
+    words = [len(word) for v in values for word in v.split()] if prose else [len(v) for v in values]
+    return max(words + [len(word) for word in header.split()])
 
 
 def _table(title: str | None, columns: Sequence[str], shown: Sequence[str], cells: list[list[str]],

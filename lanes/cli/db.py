@@ -119,6 +119,7 @@ def history(as_json: bool) -> None:
         "revisions",
         ["revision", "branch", "head", "what it does"],
         [(r.revision, ", ".join(r.branches), "yes" if r.is_head else "", r.doc) for r in revisions],
+        prose=["what it does"],
     )
 
 
