@@ -359,7 +359,7 @@ def test_a_workflow_with_no_candidates_is_refused(dep):
 
 def test_the_cli_refuses_bad_input_in_one_line(dep):
     for args, message in [
-        (["submit", "chat", "--payload", "{oops"], "--payload is not JSON"),
+        (["submit", "chat", "--payload", "{oops"], "payload is not JSON"),
         (["submit", "nope", "--payload", json.dumps(CHAT)], "unknown workflow 'nope'"),
         (["submit", "chat", "--payload", json.dumps(CHAT), "--priority", "soon"], "unknown priority"),
         (["submit", "chat", "--payload", json.dumps(CHAT), "--deadline", "-1"], "not in the future"),
