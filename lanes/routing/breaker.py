@@ -69,7 +69,6 @@ class Breakers:
         self._client = client
         self._prefix = prefix
         self.policy = policy or BreakerPolicy()
-        self._check = client.register_script(script_source("breaker_check"))
         self._claim = client.register_script(script_source("breaker_claim"))
         self._give_back = client.register_script(script_source("breaker_give_back"))
         self._record = client.register_script(script_source("breaker_record"))
@@ -86,7 +85,7 @@ class Breakers:
 
     def state(self, backend: str) -> str:
         """'closed', 'half_open' (a trial may be claimed) or 'open'. Changes nothing."""
-        return self._run(self._check, "check", keys=self._keys(backend)[:1], args=[])
+        return self._run(self._claim, "check", keys=self._keys(backend)[:1], args=[0, ""])
 
     def allows(self, backend: str) -> bool:
         return self.state(backend) != "open"
