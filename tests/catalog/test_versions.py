@@ -244,7 +244,7 @@ def test_db_upgrade_of_a_fleet_revision_brings_the_schema_to_head_first(isolated
     runner.invoke(main, ["db", "upgrade", "fleet@head"])
     current = json.loads(runner.invoke(main, ["db", "current", "--json"]).stdout)
     assert [(b["branch"], b["revision"]) for b in current["branches"]] == [
-        ("schema", "catalog_0002"),
+        ("schema", "catalog_0003"),
         ("fleet", "fleet_0004"),
         ("memory", None),
     ]
