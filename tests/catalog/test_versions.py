@@ -191,7 +191,7 @@ def test_db_downgrade_minus_one_is_a_revision_not_an_option(isolated_env, db_url
     one_step = runner.invoke(main, ["db", "downgrade", "-1"])
 
     assert one_step.exit_code == 0, one_step.output
-    assert "schema: catalog_0001" in one_step.output
+    assert "schema: catalog_0002" in one_step.output
     assert runner.invoke(main, ["db", "upgrade", "+1"]).exit_code == 0
     assert runner.invoke(main, ["db", "upgrade", "fleet@head"]).exit_code == 0
     ambiguous = runner.invoke(main, ["db", "downgrade", "-1"])
