@@ -1,5 +1,6 @@
 """Backend calls over real HTTP against the simulator."""
 
+import json
 import threading
 
 import pytest
@@ -124,3 +125,38 @@ def test_the_api_key_is_read_from_the_named_variable(client, monkeypatch):
     finally:
         server.shutdown()
     assert seen == ["Bearer sk-test", None]
+
+
+@pytest.mark.parametrize(("code", "status", "overloaded"), [(529, 529, True), ("429", 429, True), (500, 500, False),
+                                                            (400, None, False)])
+def test_an_error_inside_a_streamed_2xx_keeps_an_overload_status(client, code, status, overloaded):
+    """vLLM-style mid-stream failure: HTTP 200, then ``data: {"error": ...}``. An overload
+    code there is an overload (the failover share counts it as a breach); a 4xx other than
+    429 is not taken for a refused request, since the stream had already begun."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Backend(BaseHTTPRequestHandler):
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            error = json.dumps({"error": {"message": "busy", "code": code}}).encode()
+            body = b'data: {"choices": [{"delta": {"content": "o"}}]}\n\ndata: ' + error + b"\n\ndata: [DONE]\n\n"
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        hosted = ModelInfo(name="h", base_url=f"http://127.0.0.1:{server.server_port}/v1", kind="chat", pool=None,
+                           service=None, timeout_seconds=5.0, api_key_env=None)
+        with pytest.raises(BackendError) as caught:
+            client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5)
+    finally:
+        server.shutdown()
+    assert caught.value.status == status and not caught.value.request_rejected
+    assert isinstance(caught.value, BackendOverloaded) == overloaded

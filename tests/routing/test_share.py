@@ -325,3 +325,18 @@ def test_the_share_metrics_follow_the_window(shares):
     # The 10 s edge is exact: a 10.0 s first token is in the le=10 bucket, 12 s is not.
     assert REGISTRY.get_sample_value("lanes_failover_first_token_seconds_bucket",
                                      {"workflow": "metered", "le": "10.0"}) == 4
+
+
+def test_the_script_opens_with_a_header_and_answers_directly(client):
+    from importlib import resources
+
+    body = (resources.files("lanes.routing") / "scripts" / "share.lua").read_text()
+    head = body.split("\n\n")[0]
+    assert "KEYS[1]" in head and "KEYS[2]" in head and "ARGV[14]" in head
+    script = client.register_script(body)
+    keys = list(Namespace(PREFIX).share("direct"))
+    params = ["0.05", "0.8", "0.05", "0.1", "0.03", "100", "20", "30000", "300000"]
+    started = script(keys=keys, args=["tick", "sig", 1000, *params])
+    assert started == [b"1", 1, b"started", b"1", 0, 0]
+    assert script(keys=keys, args=["record", "sig", 1001, *params, "1", 0])[2] == b"stale"
+    assert script(keys=keys, args=["record", "sig", 1002, *params, "1", 1])[4:] == [1, 1]
