@@ -16,7 +16,7 @@ from sqlalchemy.engine import Engine
 
 from lanes.catalog import failover
 from lanes.catalog.engine import database_errors, writing
-from lanes.catalog.state import candidates_t, models_t, workflows_t
+from lanes.catalog.state import candidates_t, models_t, named_row, workflows_t
 from lanes.catalog.version import bump_version, lock_version
 from lanes.errors import InvalidInput
 
@@ -25,10 +25,7 @@ def patch_workflow_failover(engine: Engine, name: str, change=failover.UNCHANGED
     """Apply a PATCH of ``change`` to workflow ``name``'s failover override; the override now stored."""
     with database_errors(engine), writing(engine) as conn:
         lock_version(conn)
-        row = conn.execute(sa.select(workflows_t).where(workflows_t.c.name == name)).mappings().first()
-        if row is None:
-            names = sorted(conn.execute(sa.select(workflows_t.c.name)).scalars())
-            raise InvalidInput(f"unknown workflow {name!r} (known: {', '.join(names) or 'none'})")
+        row = named_row(conn, workflows_t, name, "workflow")
         current = row["failover"]
         new = failover.patch(current, change, where=f"workflow {name!r}: failover")
         _check_budget(conn, row["id"], name, new)
