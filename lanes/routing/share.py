@@ -162,8 +162,9 @@ class ShareStore:
     def park(self, workflow: str) -> bool:
         """Mark a workflow's controller parked (its share kept); False when it has none."""
         state, _ = self.ns.share(workflow)
-        if not self.client.exists(state) or self.client.hget(state, "parked") == b"1":
-            return False
+        parked = self.client.hget(state, "parked")
+        if parked is None or _text(parked) == "1":
+            return False  # no controller, or parked already
         self.client.hset(state, mapping={"parked": 1, "decision": "parked"})
         return True
 
