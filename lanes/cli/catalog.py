@@ -137,7 +137,7 @@ def show(settings, as_json: bool) -> None:
              ", ".join(m.name for m in w.candidates), _failover(w))
             for w in table.workflows.values()
         ],
-        prose=("candidates, primary first", "failover"),
+        prose=("candidates, primary first", "failover"), drop_order=("failover",),
     )
     emit_table("services", ["name", "limit"], sorted(table.services.items()))
 

@@ -220,6 +220,14 @@ def test_parked_controllers_keep_their_share_and_resume(shares, clock):
     assert resumed.share == pytest.approx(0.8) and not shares.store.read(r.name).parked
 
 
+def test_a_parked_controller_is_credited_its_idle_time_when_it_resumes(shares, clock):
+    r = route()
+    feed(shares, r, "b" * 20)  # 0.8, its window cleared
+    shares.follow(RoutingTable(2, {r.name: route(candidates=("a",))}, {}, {}))
+    clock.advance(2 * IDLE + 1)  # parked for two idle intervals
+    assert shares.choose(r).share == pytest.approx(0.9)
+
+
 def test_one_breach_in_20_holds_and_one_in_5_cuts(shares):
     holds, cuts = route("holds"), route("cuts")
     feed(shares, holds, "hhhhhhhhhhhhhhhhhhhb")
