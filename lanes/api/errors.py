@@ -64,9 +64,11 @@ def install(app: FastAPI) -> None:
     async def _lanes(_request: Request, exc: LanesError):
         return lanes_error_reply(exc)
 
-    @app.exception_handler(REDIS_UNAVAILABLE)
     async def _redis(_request: Request, exc: Exception):
         return reply(503, "service_unavailable", f"Redis did not answer: {exc}; check that it runs and LANES_REDIS_URL")
+
+    for error in REDIS_UNAVAILABLE:
+        app.add_exception_handler(error, _redis)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception):
