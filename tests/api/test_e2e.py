@@ -6,6 +6,10 @@ Submit and watch a task, revoke one waiting in its lane, resize a live lane.
 from __future__ import annotations
 
 import copy
+import json
+import os
+import subprocess
+from pathlib import Path
 
 import httpx
 import pytest
@@ -136,3 +140,17 @@ def test_a_width_patch_over_http_reaches_the_live_lane_at_once(stack):
             permit.release()
     assert http.patch("/v1/pools/gpu-p", json={"width": 2}, headers=AUTH).json()["pool"]["width"] == 2
     assert lane.stats().width == 2
+
+
+def test_the_readmes_curl_example_submits_and_watches_a_task(stack):
+    """The README's block as written, but for this stack's server, token and workflow."""
+    _, http = stack
+    readme = (Path(__file__).parents[2] / "README.md").read_text()
+    block = readme.split("## The HTTP API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in block.splitlines() if not line.startswith(("export LANES_API_TOKEN", "lanes api"))]
+    script = "\n".join(lines).replace("http://127.0.0.1:8000", str(http.base_url).rstrip("/"))
+    done = subprocess.run(["bash", "-e", "-c", script.replace('"workflow": "dialog"', '"workflow": "chat"')],
+                          env=os.environ | {"LANES_API_TOKEN": TOKEN}, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["state"] == "SUCCESS" and report["result"]["model"] == "d"
