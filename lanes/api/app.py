@@ -11,7 +11,7 @@ catalog engine, Celery); it is closed when the application shuts down.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
+import importlib
 
 from fastapi import FastAPI
 
@@ -51,10 +51,12 @@ def install_metrics(settings: Settings) -> bool:
     The one place the API hooks metrics in: until that module lands,
     ``/metrics`` serves the default registry (process and Python metrics).
     """
-    if importlib.util.find_spec("lanes.metrics") is None:
+    try:
+        metrics = importlib.import_module("lanes.metrics")
+    except ModuleNotFoundError as exc:
+        if exc.name != "lanes.metrics":
+            raise  # lanes.metrics exists but is broken: say so at start, not silently
         return False
-    from lanes import metrics
-
     install = getattr(metrics, "install", None)
     if install is None:
         return False

@@ -154,3 +154,22 @@ def test_the_readmes_curl_example_submits_and_watches_a_task(stack):
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
     assert report["state"] == "SUCCESS" and report["result"]["model"] == "d"
+
+
+def test_concurrent_submits_share_one_client_safely_and_all_complete(stack):
+    """Handlers run on uvicorn's thread pool over one LanesClient."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, http = stack
+    url = str(http.base_url).rstrip("/")
+
+    def submit(i: int) -> str:
+        with httpx.Client(base_url=url, timeout=30) as own:
+            answer = own.post("/v1/tasks", json={"workflow": "chat", "payload": CHAT, "deadline": 60}, headers=AUTH)
+            assert answer.status_code == 202, answer.text
+            return answer.json()["task_id"]
+
+    with ThreadPoolExecutor(8) as pool:
+        ids = list(pool.map(submit, range(16)))
+    assert len(set(ids)) == 16
+    assert all(watch(http, task_id)["state"] == "SUCCESS" for task_id in ids)

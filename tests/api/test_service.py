@@ -107,3 +107,21 @@ def test_history_is_stored_whole_or_not_at_all(api):
         stored = conn.execute(sa.text("SELECT count(*) FROM chat_messages")).scalar_one()
     engine.dispose()
     assert stored == 2, "the refused batch wrote nothing"
+
+
+def test_the_lane_collector_is_installed_through_lanes_metrics_when_it_exists(monkeypatch, make_settings):
+    import importlib.util
+    import sys
+    import types
+
+    from lanes.api.app import install_metrics
+
+    settings = make_settings()
+    if importlib.util.find_spec("lanes.metrics") is None:
+        assert install_metrics(settings) is False, "no lanes.metrics yet: nothing to install"
+    installed = []
+    module = types.ModuleType("lanes.metrics")
+    module.install = installed.append
+    monkeypatch.setitem(sys.modules, "lanes.metrics", module)
+    assert install_metrics(settings) is True
+    assert installed == [settings]
