@@ -8,8 +8,7 @@ process out of service.
 
 from __future__ import annotations
 
-import sqlalchemy as sa
-
+from lanes.catalog import catalog_version
 from lanes.catalog.engine import first_line
 from lanes.lanecheck import readiness_detail
 from lanes.settings import mask_url
@@ -37,14 +36,9 @@ def _redis(client) -> dict:
 
 def _database(client) -> dict:
     try:
-        with client.engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+        # The version row: the database answers and holds a catalog.
+        version = catalog_version(client.engine)
     except Exception as exc:
         url = mask_url(client.settings.catalog_url())
-        # The engine is dropped so the next probe connects (and checks the schema) afresh.
-        engine = client.__dict__.pop("engine", None)
-        client.__dict__.pop("catalog", None)
-        if engine is not None:
-            engine.dispose()
-        return {"ok": False, "error": f"catalog database {url} did not answer: {first_line(exc)}"}
-    return {"ok": True}
+        return {"ok": False, "error": f"catalog database {url} cannot be read: {first_line(exc)}"}
+    return {"ok": True, "catalog_version": version}

@@ -27,6 +27,7 @@ from lanes.catalog.apply import CatalogMoved
 from lanes.catalog.document import PoolIn, WorkflowIn
 from lanes.catalog.export import read_catalog, to_document
 from lanes.errors import CatalogInvalid, InvalidInput, LanesError, NotFound
+from lanes.ops.pools import follow_width
 
 # Names and history stay with `lanes catalog apply`: a rename through a PATCH
 # would have to carry previous_names along, which a file says better.
@@ -100,8 +101,6 @@ def patch_pool(client, name: str, changes: dict[str, Any]) -> tuple[ChangeSet, i
     The live lane goes through the width authority (:mod:`lanes.pools`), so a
     width or controller change reaches it now, not at a worker's next follow.
     """
-    from lanes.ops.pools import follow_width
-
     changed = patch_item(client.engine, POOLS, name, changes)
     pool = load_routing(client.engine).pools[name]
     return changed, follow_width(client, pool)
