@@ -11,8 +11,6 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-import redis
-
 from lanes.catalog import PoolInfo, load_routing, set_pool_width
 from lanes.control.store import ControlStore
 from lanes.errors import InvalidInput, NotFound, RedisUnavailable
