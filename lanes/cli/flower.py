@@ -46,8 +46,8 @@ def command(settings, port, address, no_auth) -> None:
         if exc.errno == errno.EADDRINUSE:
             raise InvalidInput(f"port {port} on {address} is taken; pass another --port (0 picks a free one)") from None
         raise
-    click.echo(f"Flower at http://{address}:{bound}/ ({'no login' if not config.logins else f'{len(config.logins)} login(s)'}; "
-               f"{len(known)} lane queue(s))", err=False)
+    logins = f"{len(config.logins)} login(s)" if config.logins else "no login"
+    click.echo(f"Flower at http://{address}:{bound}/ ({logins}; {len(known)} lane queue(s))")
     sys.stdout.flush()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:

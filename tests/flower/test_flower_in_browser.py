@@ -8,12 +8,12 @@ import json
 import re
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from lanes.sim import SimModel
+from tests.cli.conftest import DOC
 from tests.e2e.harness import deploy
 from tests.flower.browser import artifacts_dir, chromium
 from tests.polling import eventually
@@ -23,19 +23,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 LOGIN = ("ops", "s3cret-words")
 CHAT = {"messages": [{"role": "user", "content": "private prompt text"}]}
 
-# "gpu" has a worker; "idle" never does, so its backlog only shows because
-# Lanes' Flower lists every lane queue.
-DOC = {
-    "pools": [{"name": "gpu", "width": 2}, {"name": "idle", "width": 1}],
-    "models": [
-        {"name": "m", "base_url": "{sim}", "pool": "gpu"},
-        {"name": "n", "base_url": "{sim}", "pool": "idle"},
-    ],
-    "workflows": [
-        {"name": "chat", "candidates": ["m"]},
-        {"name": "parked", "candidates": ["n"]},
-    ],
-}
+# DOC: "gpu" (width 2) has a worker; "idle" never does, so its backlog only
+# shows because Lanes' Flower lists every lane queue.
 
 
 def start_flower(env: dict) -> tuple[subprocess.Popen, str]:
@@ -71,7 +60,10 @@ def test_lanes_show_in_flower_in_a_real_browser(tmp_path, one_redis_url):
         assert httpx.get(base + "/broker", timeout=10).status_code == 401  # a login is required
         eventually(lambda: httpx.get(base + "/workers?json=1", auth=auth, timeout=10).status_code == 200,
                    timeout=30, interval=0.5, what="Flower answering")
-        time.sleep(6)  # Flower enables and starts reading events within its first 5 s
+        # Flower reads events from its start on: once a first task shows, it sees them all.
+        first = dep.client.submit("chat", CHAT).id
+        eventually(lambda: first in httpx.get(base + "/api/tasks", auth=auth, timeout=10).json(),
+                   timeout=60, interval=0.5, what="Flower reading task events")
 
         # Six interactive requests on a lane of width 2: four of them wait for a slot.
         results = [dep.client.submit("chat", CHAT, priority="interactive", deadline=120) for _ in range(6)]
@@ -94,7 +86,10 @@ def test_lanes_show_in_flower_in_a_real_browser(tmp_path, one_redis_url):
         assert rows["lanes.gpu"][0] == "0" and "lanes.memory" in rows
 
         task = page_text(driver, f"{base}/task/{waited}", contains=["Lane", "admitted to lane gpu", "SUCCESS"])
+        # The whole page, its Lane line (the last one) included.
+        driver.set_window_size(1400, driver.execute_script("return document.body.scrollHeight") + 200)
         driver.save_screenshot(str(shots / "task.png"))
+        driver.set_window_size(1400, 1000)
         shown_wait = re.search(r"admitted to lane gpu after (\d+) ms \(interactive\); model m: served", task)
         assert shown_wait and abs(int(shown_wait.group(1)) - waits[waited]) <= 1, task
         assert "'workflow': 'chat'" in task and "'priority': 'interactive'" in task and "'pool': 'gpu'" in task
