@@ -126,3 +126,33 @@ def test_top_once_prints_one_frame_and_a_bad_interval_is_refused(deployment):
 
     bad = lanes("top", "--interval", "0", env=env, timeout=60)
     assert bad.returncode == 2 and "--interval 0" in bad.stderr and "0.1 to 60" in bad.stderr
+
+
+def test_the_last_minute_counts_each_event_once_and_forgets_it_after_a_minute(redis_client):
+    from lanes.top import RecentEvents
+
+    log = EventLog(redis_client, prefix="lanes:v2")
+    recent = RecentEvents(log)
+    log.record("lane_bypass", pool="gpu", reason="breaker_open")
+    log.record("lane_wait", pool="gpu", wait_ms=3.0)
+    log.flush()
+    now = time.time()
+    assert recent.read(now) == {"gpu": {"lane_bypass": 1, "width_change": 0}}
+
+    log.record("width_change", pool="idle", old=1, new=2)
+    log.flush()
+    assert recent.read(now + 1) == {"gpu": {"lane_bypass": 1, "width_change": 0},
+                                    "idle": {"lane_bypass": 0, "width_change": 1}}  # read once, not twice
+    assert recent.read(now + 120) == {}  # older than a minute
+
+
+def test_newer_reads_events_after_an_id_oldest_first(redis_client):
+    log = EventLog(redis_client, prefix="lanes:v2")
+    for n in range(3):
+        log.record("lane_bypass", pool=f"p{n}")
+    log.flush()
+
+    everything = log.newer(None, since=time.time() - 60)
+    assert [e.pool for e in everything] == ["p0", "p1", "p2"]
+    assert [e.pool for e in log.newer(everything[0].id, since=0)] == ["p1", "p2"]
+    assert log.newer(everything[-1].id, since=0) == []
