@@ -43,6 +43,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "beat": ("lanes.cli.beat", "Run the scheduler (one active beat fleet-wide)."),
     "check": ("lanes.cli.check", "Check the lane pools against the farm's services."),
     "api": ("lanes.cli.api", "Serve the HTTP API (submit, results, pools, events)."),
+    "flower": ("lanes.cli.flower", "Run Flower with every lane queue, task routing and worker lanes."),
+    "top": ("lanes.cli.top", "A live view of every lane (q quits)."),
 }
 
 

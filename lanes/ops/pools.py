@@ -3,7 +3,8 @@
 :func:`pool_reports` is what ``lanes pools --json`` prints and ``GET
 /v1/pools`` returns: configured and live width, in-flight, queued per
 priority, mean hold, wait p50/p95, the controllers and their last decision,
-and a utilisation snapshot (in-flight over live width).
+and a utilisation snapshot (in-flight over live width); each row is built by
+:mod:`lanes.lane_stats`, as ``lanes top`` and Flower build theirs.
 """
 
 from __future__ import annotations
@@ -11,13 +12,11 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
+from lanes import lane_stats
 from lanes.catalog import PoolInfo, load_routing, set_pool_width
-from lanes.control.store import ControlStore
 from lanes.errors import InvalidInput, NotFound, RedisUnavailable
-from lanes.namespace import Namespace
-from lanes.pools import WidthAuthority, learned_applies, pool_lane, running_kinds
+from lanes.pools import WidthAuthority
 from lanes.presence import WorkerPresence
-from lanes.priority import Priority
 from lanes.redis_conn import REDIS_UNAVAILABLE, eviction_warning
 
 
@@ -31,25 +30,22 @@ def redis_errors() -> Iterator[None]:
 
 
 def authority(client) -> WidthAuthority:
-    return WidthAuthority(ControlStore(client.redis, Namespace(client.settings.key_prefix)))
+    return lane_stats.authority(client.settings, client.redis)
 
 
 def live_lane(client, pool: PoolInfo):
     """The lane of ``pool``, (re)created if ever needed at the authority's width."""
-    return pool_lane(client.redis, client.settings, pool, width=lambda: authority(client).width(pool))
-
-
-def _ms(seconds) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+    return lane_stats.live_lane(client.settings, client.redis, pool)
 
 
 def pool_reports(client, name: str | None = None) -> tuple[list[dict], str | None]:
     """(one row per pool, sorted by name; a Redis eviction warning or None).
 
     ``name`` narrows the rows to that pool (:class:`NotFound` if there is none).
+    Rows come from :func:`lanes.lane_stats.pool_rows`, as ``lanes top`` and Flower show them.
     """
     table = load_routing(client.engine)
-    pools = sorted(table.pools.values(), key=lambda p: p.name)
+    pools = list(table.pools.values())
     if name is not None:
         pools = [p for p in pools if p.name == name]
         if not pools:
@@ -59,37 +55,8 @@ def pool_reports(client, name: str | None = None) -> tuple[list[dict], str | Non
     with redis_errors():
         workers = WorkerPresence(client.redis, prefix=client.settings.key_prefix).live_by_fleet(fleets)
         warning = eviction_warning(client.redis)
-        rows = [_row(client, pool, workers.get(pool.name)) for pool in pools]
+        rows = lane_stats.pool_rows(client.settings, client.redis, pools, workers)
     return rows, warning
-
-
-def _row(client, pool: PoolInfo, live_workers: list[str] | None) -> dict:
-    width_authority = authority(client)
-    stats = live_lane(client, pool).stats()
-    state = width_authority.state(pool)
-    width = stats.width if stats.exists else pool.width
-    return {
-        "pool": pool.name,
-        "configured_width": pool.width,
-        "width": width,
-        "authority_width": width_authority.width(pool),
-        "floor": pool.floor,
-        "ceiling": pool.ceiling,
-        "controllers": running_kinds(pool),
-        # The loop's last decision, each controller's proposal, the signals it read.
-        "control": state.as_dict() if learned_applies(pool, state) else None,
-        "in_flight": stats.in_flight,
-        "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
-        "utilisation": round(stats.in_flight / width, 3) if width else None,
-        "mean_hold_ms": _ms(stats.mean_hold_seconds),
-        "wait_p50_ms": _ms(stats.wait_p50_seconds),
-        "wait_p95_ms": _ms(stats.wait_p95_seconds),
-        "grants": stats.grants,
-        "timeouts": stats.timeouts,
-        "cancels": stats.cancels,
-        "expired": stats.expired,
-        "live_workers": live_workers,
-    }
 
 
 def follow_width(client, pool: PoolInfo) -> int:

@@ -105,7 +105,7 @@ def test_a_revoke_over_http_cancels_the_lane_wait_and_leaks_nothing(stack):
         eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 1, timeout=20, interval=0.05,
                    what="the task to wait in its lane")
         pool = http.get("/v1/pools/gpu-d").json()
-        assert (pool["in_flight"], pool["queued"]["interactive"]) == (1, 1)
+        assert (pool["in_flight"], pool["queued"]["interactive"], pool["utilisation"]) == (1, 1, 1.0)
         revoked = http.delete(f"/v1/tasks/{task_id}", headers=AUTH)
         assert revoked.status_code == 202
         assert revoked.json()["task_id"] == task_id
