@@ -42,10 +42,11 @@ def pool_row(settings: Settings, client, pool: PoolInfo, width_authority=None,
     width_authority = width_authority or authority(settings, client)
     stats = live_lane(settings, client, pool, width_authority).stats()
     state = width_authority.state(pool)
+    width = stats.width if stats.exists else pool.width
     return {
         "pool": pool.name,
         "configured_width": pool.width,
-        "width": stats.width if stats.exists else pool.width,
+        "width": width,
         "authority_width": width_authority.width(pool),
         "floor": pool.floor,
         "ceiling": pool.ceiling,
@@ -54,6 +55,8 @@ def pool_row(settings: Settings, client, pool: PoolInfo, width_authority=None,
         "control": state.as_dict() if learned_applies(pool, state) else None,
         "in_flight": stats.in_flight,
         "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
+        # A snapshot: the share of the live width in use at this instant.
+        "utilisation": round(stats.in_flight / width, 3) if width else None,
         "mean_hold_ms": _ms(stats.mean_hold_seconds),
         "wait_p50_ms": _ms(stats.wait_p50_seconds),
         "wait_p95_ms": _ms(stats.wait_p95_seconds),
