@@ -77,10 +77,26 @@ class Bypass:
     task_id: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class WaitEnd:
+    """A lane wait that ended without a slot: ``outcome`` ``timeout`` (its time
+    limit) or ``cancelled`` (the task was revoked, or its worker is stopping)."""
+
+    workflow: str
+    model: str
+    pool: str
+    priority: Priority
+    outcome: str
+    wait_seconds: float
+    task_id: str | None = None
+
+
 class Observer(Protocol):
     def on_attempt(self, attempt: Attempt) -> None: ...
 
     def on_bypass(self, bypass: Bypass) -> None: ...
+
+    def on_wait_end(self, wait: WaitEnd) -> None: ...
 
 
 class BaseObserver:
@@ -92,6 +108,9 @@ class BaseObserver:
     def on_bypass(self, bypass: Bypass) -> None:
         return None
 
+    def on_wait_end(self, wait: WaitEnd) -> None:
+        return None
+
 
 def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
     for observer in observers:
@@ -99,6 +118,14 @@ def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
             observer.on_attempt(attempt)
         except Exception:  # a report must never lose the answer it reports on
             log.warning("observer %r failed on an attempt of %s", observer, attempt.model, exc_info=True)
+
+
+def notify_wait_end(observers: Sequence[Observer], wait: WaitEnd) -> None:
+    for observer in observers:
+        try:
+            observer.on_wait_end(wait)
+        except Exception:
+            log.warning("observer %r failed on a lane wait of %s", observer, wait.model, exc_info=True)
 
 
 def notify_bypass(observers: Sequence[Observer], bypass: Bypass) -> None:
