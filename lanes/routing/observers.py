@@ -112,25 +112,21 @@ class BaseObserver:
         return None
 
 
-def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
+def _notify(observers: Sequence[Observer], hook: str, report, what: str) -> None:
     for observer in observers:
         try:
-            observer.on_attempt(attempt)
+            getattr(observer, hook)(report)
         except Exception:  # a report must never lose the answer it reports on
-            log.warning("observer %r failed on an attempt of %s", observer, attempt.model, exc_info=True)
+            log.warning("observer %r failed on %s of %s", observer, what, report.model, exc_info=True)
+
+
+def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
+    _notify(observers, "on_attempt", attempt, "an attempt")
 
 
 def notify_wait_end(observers: Sequence[Observer], wait: WaitEnd) -> None:
-    for observer in observers:
-        try:
-            observer.on_wait_end(wait)
-        except Exception:
-            log.warning("observer %r failed on a lane wait of %s", observer, wait.model, exc_info=True)
+    _notify(observers, "on_wait_end", wait, "a lane wait")
 
 
 def notify_bypass(observers: Sequence[Observer], bypass: Bypass) -> None:
-    for observer in observers:
-        try:
-            observer.on_bypass(bypass)
-        except Exception:
-            log.warning("observer %r failed on a bypass of %s", observer, bypass.model, exc_info=True)
+    _notify(observers, "on_bypass", bypass, "a bypass")
