@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, description="Redis for lanes, broker and results")
     database_url: str | None = Field(default=None, description="SQLAlchemy URL of the catalog")
     api_token: SecretStr | None = Field(default=None, description="bearer token of the admin API")
+    flower_basic_auth: SecretStr | None = Field(
+        default=None, description="`lanes flower`'s logins: user:password, several separated by commas",
+    )
     state_dir: Path = Field(default_factory=default_state_dir)
     key_prefix: str = Field(default="lanes:v2", description="prefix of every Redis key Lanes writes")
 
@@ -181,6 +184,21 @@ class Settings(BaseSettings):
     def _prefix_has_no_braces(cls, value: str) -> str:
         if "{" in value or "}" in value or not value:
             raise ValueError(f"key prefix {value!r} must be non-empty and hold no braces")
+        return value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _logins_are_user_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        for login in value.get_secret_value().split(","):
+            user, sep, password = login.strip().partition(":")
+            if not sep or not user or not password:
+                # Name the user, never the password.
+                raise ValueError(
+                    f"LANES_FLOWER_BASIC_AUTH entry for user {user or '(empty)'!r} is not user:password; "
+                    "give user:password (several separated by commas)"
+                )
         return value
 
     @model_validator(mode="after")

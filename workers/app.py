@@ -16,7 +16,7 @@ from celery.exceptions import Ignore, Reject
 from celery.worker import state as worker_state
 
 from lanes import metrics
-from lanes.celery_client import ROUTE_TASK, make_celery
+from lanes.celery_client import HOSTED_FLEET, ROUTE_TASK, make_celery, shown_arguments
 from lanes.errors import (
     AcquireCancelled,
     CandidatesExhausted,
@@ -31,6 +31,7 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
+from workers.in_flower import LaneEventSender, LanesInfo
 from workers.memgate import MemoryGate, MemoryGateWatcher
 from workers.metrics import MetricsEndpoint
 from workers.presence import PresenceHeartbeat
@@ -57,6 +58,8 @@ class WorkerContext:
             gate = MemoryGate(settings.memory_gate_high, settings.memory_gate_low)
             if gate.enabled:
                 self.memory = MemoryGateWatcher(gate, [], in_flight=lambda: len(self.cancels)).start()
+        # More listeners of the walker for this worker (Flower's lane events).
+        self.observers: list = []
         self._runtime: Runtime | None = None
         self._runs: RunLeases | None = None
         self._lock = threading.Lock()
@@ -65,6 +68,7 @@ class WorkerContext:
         with self._lock:
             if self._runtime is None:
                 self._runtime = Runtime(self.settings, redis_url=self.redis_url)
+                self._runtime.observers.extend(self.observers)
                 self._runtime.start_steward()
             return self._runtime
 
@@ -113,6 +117,9 @@ def create_app(
     app.steps["consumer"].add(MemoryGateHandle)
     app.steps["worker"].add(PresenceHeartbeat)
     app.steps["worker"].add(MetricsEndpoint)
+    # Lanes in Flower: each task's lane events, each worker's lanes in its stats.
+    context.observers.append(LaneEventSender(app))
+    app.steps["worker"].add(LanesInfo)
 
     # The width follower and control loop start with the worker, not with its
     # first task: a freshly (re)started worker must bring lanes to the width
@@ -189,7 +196,8 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             count_retry(walker, request, "requeued")
             if not walker.called:
                 raise Reject(str(exc), requeue=True) from None
-            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None) from None
+            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None,
+                             **_shown(runtime, request)) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
             untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
@@ -197,6 +205,8 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 count_retry(walker, request, "redis_unavailable" if isinstance(exc, RedisUnavailable)
                             else "candidates_exhausted")
                 raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
+                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
+                                 **_shown(runtime, request))
             raise
     finally:
         if lease is not None:
@@ -260,6 +270,12 @@ def _hand_back_at_front(task_id: str) -> bool:
 def _carrying(request: RouteRequest, called: list[str]) -> dict:
     """The task's message for its next delivery, naming the candidates already called."""
     return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called]))}
+
+
+def _shown(runtime: Runtime, request: RouteRequest) -> dict:
+    """The retried message shows Flower the routing, never the request (as submit does)."""
+    return shown_arguments(workflow=request.workflow, priority=request.priority,
+                           fleet=runtime.workflow(request.workflow).fleet or HOSTED_FLEET, deadline=request.deadline)
 
 
 def _may_retry(request: RouteRequest, retries: int, countdown: float) -> bool:

@@ -41,6 +41,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "memory": ("lanes.cli.memory", "Enqueue and list hourly memory runs; run the memory workers."),
     "beat": ("lanes.cli.beat", "Run the scheduler (one active beat fleet-wide)."),
     "check": ("lanes.cli.check", "Check the lane pools against the farm's services."),
+    "flower": ("lanes.cli.flower", "Run Flower with every lane queue, task routing and worker lanes."),
+    "top": ("lanes.cli.top", "A live view of every lane (q quits)."),
 }
 
 

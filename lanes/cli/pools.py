@@ -13,21 +13,15 @@ from lanes.redis_conn import connect, eviction_warning
 
 
 def _authority(settings, client):
-    from lanes.control.store import ControlStore
-    from lanes.namespace import Namespace
-    from lanes.pools import WidthAuthority
+    from lanes.lane_stats import authority
 
-    return WidthAuthority(ControlStore(client, Namespace(settings.key_prefix)))
+    return authority(settings, client)
 
 
 def _lane(settings, client, pool):
-    from lanes.pools import pool_lane
+    from lanes.lane_stats import live_lane
 
-    return pool_lane(client, settings, pool, width=lambda: _authority(settings, client).width(pool))
-
-
-def _ms(seconds) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
+    return live_lane(settings, client, pool)
 
 
 @click.group(name="pools", invoke_without_command=True)
@@ -44,7 +38,7 @@ def command(ctx, as_json) -> None:
 @pass_settings
 def show(settings, as_json) -> None:
     """Show every pool's lane as all workers see it, and each fleet's live workers."""
-    from lanes.pools import learned_applies, running_kinds
+    from lanes.lane_stats import pool_rows
 
     table = load_routing(open_catalog(settings, create=False))
     # A fleet is named after its primary pool; other pools have no workers of their own.
@@ -53,32 +47,7 @@ def show(settings, as_json) -> None:
     client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
     try:
         warning = eviction_warning(client)
-        authority = _authority(settings, client)
-        rows = []
-        for pool in sorted(table.pools.values(), key=lambda p: p.name):
-            stats = _lane(settings, client, pool).stats()
-            state = authority.state(pool)
-            rows.append({
-                "pool": pool.name,
-                "configured_width": pool.width,
-                "width": stats.width if stats.exists else pool.width,
-                "authority_width": authority.width(pool),
-                "floor": pool.floor,
-                "ceiling": pool.ceiling,
-                "controllers": running_kinds(pool),
-                # The loop's last decision, each controller's proposal, the signals it read.
-                "control": state.as_dict() if learned_applies(pool, state) else None,
-                "in_flight": stats.in_flight,
-                "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
-                "mean_hold_ms": _ms(stats.mean_hold_seconds),
-                "wait_p50_ms": _ms(stats.wait_p50_seconds),
-                "wait_p95_ms": _ms(stats.wait_p95_seconds),
-                "grants": stats.grants,
-                "timeouts": stats.timeouts,
-                "cancels": stats.cancels,
-                "expired": stats.expired,
-                "live_workers": workers.get(pool.name),
-            })
+        rows = pool_rows(settings, client, table.pools.values(), workers)
     finally:
         client.close()
     if warning:

@@ -24,7 +24,7 @@ import redis
 from celery.result import AsyncResult
 
 from lanes.catalog import RoutingTable, open_catalog
-from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for
+from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for, shown_arguments
 from lanes.embedded import client_redis_url
 from lanes.errors import InvalidInput, RedisUnavailable
 from lanes.presence import WorkerPresence
@@ -119,6 +119,8 @@ class LanesClient:
                 task_id=request.task_id,
                 queue=queue_for(route.fleet or HOSTED_FLEET, chosen),
                 priority=MESSAGE_PRIORITY[chosen],
+                **shown_arguments(workflow=workflow, priority=chosen, fleet=route.fleet or HOSTED_FLEET,
+                                  deadline=request.deadline),
             )
         except Exception as exc:
             if binding is not None:

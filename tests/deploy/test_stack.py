@@ -58,7 +58,7 @@ def test_the_stack_has_every_part_and_secrets_are_required_not_defaulted():
     assert services["flower"]["command"][:2] == ["lanes", "flower"]
     # No token configured must mean a refusal to start, never an open API or Flower.
     assert ":?" in services["api"]["environment"]["LANES_API_TOKEN"]
-    assert ":?" in services["flower"]["environment"]["FLOWER_BASIC_AUTH"]
+    assert ":?" in services["flower"]["environment"]["LANES_FLOWER_BASIC_AUTH"]
     assert ":?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
     redis_command = services["redis"]["command"]
     assert "noeviction" in redis_command and redis_command[redis_command.index("--save") + 1] == ""
