@@ -139,6 +139,9 @@ class Settings(BaseSettings):
     farm_limits_url: str | None = Field(default=None, description="JSON of the farm's per-service limits")
     lane_check_seconds: float = Field(default=300.0, gt=0, description="period of the lane-config check")
     beat_lock_seconds: float = Field(default=60.0, ge=5, description="a dead beat's lock lapses after this")
+    # Prometheus exposition of a fleet worker (``lanes worker``): /metrics on
+    # this port; 0 serves nothing (the default, so tests and laptops open no port).
+    metrics_port: int = Field(default=0, ge=0, le=65_535, description="port of a worker's /metrics; 0 = off")
     max_payload_bytes: int = Field(default=1_048_576, ge=1_024, description="largest request payload, as JSON")
     idempotency_claim_seconds: float = Field(
         default=10.0, gt=0, description="how long an idempotency key stays bound to a task not yet sent"

@@ -15,6 +15,7 @@ from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, Reject
 from celery.worker import state as worker_state
 
+from lanes import metrics
 from lanes.celery_client import HOSTED_FLEET, ROUTE_TASK, make_celery, shown_arguments
 from lanes.errors import (
     AcquireCancelled,
@@ -32,6 +33,7 @@ from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
 from workers.in_flower import LaneEventSender, LanesInfo
 from workers.memgate import MemoryGate, MemoryGateWatcher
+from workers.metrics import MetricsEndpoint
 from workers.presence import PresenceHeartbeat
 from workers.runs import RunLeases
 
@@ -114,6 +116,7 @@ def create_app(
     app.steps["consumer"].add(BackgroundConsumer)
     app.steps["consumer"].add(MemoryGateHandle)
     app.steps["worker"].add(PresenceHeartbeat)
+    app.steps["worker"].add(MetricsEndpoint)
     # Lanes in Flower: each task's lane events, each worker's lanes in its stats.
     context.observers.append(LaneEventSender(app))
     app.steps["worker"].add(LanesInfo)
@@ -176,6 +179,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if lease is None:
                 # Another delivery runs this task now (the broker handed it out
                 # again): look again later, in case that one dies.
+                count_retry(walker, request, "duplicate_delivery")
                 raise task.retry(countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
             result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
                                  delivered_at=delivered_at)
@@ -184,10 +188,12 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if cancellation.reason == "revoked":
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
                 raise Ignore() from None
+            count_retry(walker, request, "shutdown")
             if _hand_back_at_front(task_id):
                 raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
+            count_retry(walker, request, "requeued")
             if not walker.called:
                 raise Reject(str(exc), requeue=True) from None
             raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None,
@@ -196,6 +202,9 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
             if untried and _may_retry(request, task.request.retries, countdown):
+                count_retry(walker, request, "redis_unavailable" if isinstance(exc, RedisUnavailable)
+                            else "candidates_exhausted")
+                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
                 raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
                                  **_shown(runtime, request))
             raise
@@ -208,6 +217,18 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def count_retry(walker: Walker | None, request: RouteRequest, reason: str) -> None:
+    """Seed 000's retry metric: a task going back to its queue, by reason and by
+    the last HTTP status its walk got (a 529 from upstream is told from a 429 of
+    a quota this way), under the pool of its last candidate (else its primary's)."""
+    try:
+        steps = walker.trace.steps if walker is not None and walker.trace is not None else []
+        primary = walker.rt.workflow(request.workflow).candidates[0].pool if walker is not None else None
+        metrics.retried_walk(steps, reason, primary.name if primary is not None else "")
+    except Exception:  # a count must never change how the task ends
+        log.warning("could not count the retry of %s", request.task_id, exc_info=True)
 
 
 def _finished(task, task_id: str) -> bool:
