@@ -8,9 +8,7 @@ Public names (import them from here):
   number people read);
 - :func:`apply_document` upserts a declarative document, :func:`export_document`
   gives it back, :func:`read_document` reads a TOML or YAML file;
-- :func:`record_event` appends a routing event;
-- :func:`set_pool_width` and :func:`patch_workflow_failover` change one pool or
-  workflow outside a file (the CLI and the admin API call them).
+- :func:`record_event` appends a routing event.
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ from lanes.catalog.migrate import ensure_schema, refuse_missing_file, refuse_mis
 from lanes.catalog.pools import set_pool_width
 from lanes.catalog.routing import ModelInfo, PoolInfo, RoutingTable, WorkflowRoute, load_routing, refresh
 from lanes.catalog.version import CatalogStamp, catalog_stamp, catalog_version
-from lanes.catalog.workflows import patch_workflow_failover
 from lanes.settings import Settings
 
 
@@ -75,7 +72,6 @@ __all__ = [
     "load_routing",
     "make_engine",
     "open_catalog",
-    "patch_workflow_failover",
     "read_document",
     "recent_events",
     "record_event",

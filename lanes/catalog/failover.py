@@ -1,4 +1,4 @@
-"""A workflow's failover share settings: defaults, bounds, overrides and PATCH.
+"""A workflow's failover share settings: defaults, bounds and overrides.
 
 The failover share (seed 003, :mod:`lanes.routing.share`) runs for every
 workflow with two or more candidates unless the catalog turns it off. A
@@ -11,9 +11,11 @@ workflow's ``failover`` value in the catalog is its override:
   out keep the defaults. An override is stored as written and replaced whole
   by the next one (it is never merged with the previous override).
 
-The admin API's PATCH follows the same rules (:func:`patch`): an omitted
-``failover`` leaves the override unchanged, ``null`` restores the defaults,
-``{"enabled": false}`` disables, an object replaces the old override whole.
+The admin API's ``PATCH /v1/workflows/{name}`` and ``lanes shares set`` go
+through :func:`lanes.ops.patch.patch_item`, which gives seed 003's PATCH
+semantics: an omitted ``failover`` leaves the override unchanged, ``null``
+restores the defaults, ``{"enabled": false}`` disables, an object replaces
+the old override whole; it is validated as a catalog file's would be.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ from typing import Any
 
 from lanes.catalog.controllers import Param
 from lanes.catalog.shown import show
-from lanes.errors import InvalidInput
 
 MAX_STATUSES = 32
 
@@ -139,21 +140,3 @@ def effective(override: dict | None) -> FailoverParams | None:
     if "overload_statuses" in values:
         values["overload_statuses"] = tuple(values["overload_statuses"])
     return FailoverParams(**values)
-
-
-UNCHANGED = object()  # PATCH: the field was omitted
-
-
-def patch(current: dict | None, change: Any = UNCHANGED, *, where: str = "failover") -> dict | None:
-    """The override after a PATCH of ``change`` onto ``current`` (seed 003's semantics).
-
-    Omitted (``UNCHANGED``): ``current`` as it was. ``None``: the defaults.
-    An object (``{"enabled": false}`` included): it replaces ``current`` whole.
-    Raises :class:`InvalidInput` naming each bad member; nothing is changed then.
-    """
-    if change is UNCHANGED:
-        return current
-    found = problems(change)
-    if found:
-        raise InvalidInput("; ".join(f"{where}{'.' + key if key else ''}: {message}" for key, message in found))
-    return normalise(change)

@@ -16,7 +16,6 @@ from sqlalchemy.engine import Connection
 
 from lanes.catalog.document import CatalogDocument, ModelSpec, PoolSpec, ServiceSpec, WorkflowSpec
 from lanes.catalog.tables import Candidate, CatalogVersion, Model, Pool, Service, Workflow
-from lanes.errors import InvalidInput
 
 T = TypeVar("T")
 
@@ -51,15 +50,6 @@ class CatalogState:
             workflows=tuple(row.spec for row in self.workflows.values()),
             services=tuple(row.spec for row in self.services.values()),
         )
-
-
-def named_row(conn: Connection, table: sa.Table, name: str, what: str):
-    """The row of ``table`` called ``name`` (a mapping), or a refusal listing the known names."""
-    row = conn.execute(sa.select(table).where(table.c.name == name)).mappings().first()
-    if row is None:
-        names = sorted(conn.execute(sa.select(table.c.name)).scalars())
-        raise InvalidInput(f"unknown {what} {name!r} (known: {', '.join(names) or 'none'})")
-    return row
 
 
 def read_version(conn: Connection) -> int:

@@ -90,8 +90,8 @@ def _change(state: dict | None, now: float) -> str:
 @click.option("--off", is_flag=True, help='Turn the share off ({"enabled": false}).')
 @pass_settings
 def set_(settings, workflow, override, defaults, off) -> None:
-    """Change one workflow's failover override (PATCH semantics, as the admin API)."""
-    from lanes.catalog import patch_workflow_failover
+    """Change one workflow's failover override (PATCH semantics: the admin API's own function)."""
+    from lanes.ops.patch import WORKFLOWS, patch_item
 
     chosen = [flag for flag, on in (("--override", override is not None), ("--defaults", defaults),
                                     ("--off", off)) if on]
@@ -108,7 +108,9 @@ def set_(settings, workflow, override, defaults, off) -> None:
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"--override {override!r} is not JSON ({exc.msg}); "
                                'write e.g. \'{"latency_budget_ms": 5000}\'') from None
-    stored = patch_workflow_failover(open_catalog(settings, create=False), workflow, change)
+    engine = open_catalog(settings, create=False)
+    patch_item(engine, WORKFLOWS, workflow, {"failover": change})
+    stored = load_routing(engine).workflows[workflow].failover_override
     params = failover.effective(stored)
     click.echo(f"workflow {workflow!r}: failover "
                + ("off" if params is None else "defaults" if stored is None else json.dumps(stored, sort_keys=True)))

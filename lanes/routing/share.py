@@ -172,6 +172,11 @@ class ShareStore:
         """Retire a workflow's controller for good (its share turned off)."""
         return bool(self.client.delete(*self.ns.share(workflow)))
 
+    def share(self, workflow: str) -> float:
+        """The workflow's share now (1.0 before its controller's first draw)."""
+        value = self.client.hget(self.ns.share(workflow)[0], "share")
+        return 1.0 if value is None else float(value)
+
     def read(self, workflow: str) -> ShareState | None:
         state, window = self.ns.share(workflow)
         with self.client.pipeline(transaction=True) as pipe:

@@ -3,12 +3,13 @@
 On prometheus_client's default registry, so every exposition of the process
 shows them. Created on first use (never at import) and once per process: a
 second registration of the same name would be refused by the registry.
-Labels are workflow names only (bounded by the catalog).
+Labels are workflow names only (bounded by the catalog). The gauges show
+the latest value of any live process under a fleet supervisor's
+multiprocess exposition (``livemax``): they mirror state kept in Redis.
 
 The share itself (``lanes_failover_share``) is read from Redis by the lane
-collector of :mod:`lanes.metrics`, like the other lane gauges, so every
-process shows the same value; :meth:`lanes.routing.share.ShareStore.read`
-is what it reads.
+collector (:mod:`lanes.metrics.collector`), like the other lane gauges, so
+every process shows the same value.
 """
 
 from __future__ import annotations
@@ -27,11 +28,14 @@ _instance: "ShareMetrics | None" = None
 class ShareMetrics:
     def __init__(self) -> None:
         self.window_samples = Gauge("lanes_failover_window_samples",
-                                    "healthy/breach outcomes in the failover share's window", ["workflow"])
+                                    "healthy/breach outcomes in the failover share's window", ["workflow"],
+                                    multiprocess_mode="livemax")
         self.breach_rate = Gauge("lanes_failover_breach_rate",
-                                 "breach rate of the failover share's window", ["workflow"])
+                                 "breach rate of the failover share's window", ["workflow"],
+                                 multiprocess_mode="livemax")
         self.active_gauge = Gauge("lanes_failover_active",
-                                  "1 while the workflow's failover share runs (0 parked or off)", ["workflow"])
+                                  "1 while the workflow's failover share runs (0 parked or off)", ["workflow"],
+                                  multiprocess_mode="livemax")
         self.unknown_total = Counter("lanes_failover_unknown_outcomes",
                                      "primary attempts with an unknown outcome (excluded from the rate)",
                                      ["workflow"])

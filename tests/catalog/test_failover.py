@@ -7,17 +7,13 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from lanes.catalog import (
-    apply_document,
-    catalog_version,
-    export_document,
-    load_routing,
-    patch_workflow_failover,
-    validate,
-)
-from lanes.catalog.failover import DEFAULTS, UNCHANGED, patch
+from lanes.catalog import apply_document, catalog_version, export_document, load_routing, validate
+from lanes.catalog.failover import DEFAULTS
 from lanes.cli import main
-from lanes.errors import CatalogInvalid, InvalidInput
+from lanes.errors import CatalogInvalid, InvalidInput, NotFound
+from lanes.ops.patch import WORKFLOWS, patch_item
+
+UNCHANGED = object()
 
 
 def document(failover=UNCHANGED, *, timeout_ms: int = 60_000) -> dict:
@@ -91,32 +87,35 @@ def test_the_defaults_on_a_primary_with_a_shorter_timeout_are_allowed():
 # --- PATCH ---------------------------------------------------------------------------
 
 
-def test_patch_semantics_omitted_null_disabled_and_whole_replacement():
-    current = {"dwell_ms": 500, "latency_budget_ms": 2000}
-    assert patch(current) == current  # omitted: unchanged
-    assert patch(current, None) is None  # null: the defaults
-    assert patch(current, {"enabled": False}) == {"enabled": False}
-    assert patch(current, {"share_floor": 0.1}) == {"share_floor": 0.1}  # replaced whole, never merged
-    with pytest.raises(InvalidInput, match=r"failover.share_floor: 0 is outside \(0, 1\]"):
-        patch(current, {"share_floor": 0})
+def override(engine) -> dict | None:
+    return load_routing(engine).workflows["dialog"].failover_override
 
 
-def test_patching_a_workflow_writes_the_catalog_once_and_refuses_bad_values_whole(engine):
-    apply_document(engine, document())
+def test_the_patch_of_the_admin_api_has_the_seeds_semantics(engine):
+    """Omitted: unchanged; null: the defaults; {"enabled": false}: off; an object replaces the old one whole."""
+    apply_document(engine, document({"dwell_ms": 500, "latency_budget_ms": 2000}))
     version = catalog_version(engine)
-    assert patch_workflow_failover(engine, "dialog", {"latency_budget_ms": 2000}) == {"latency_budget_ms": 2000}
-    assert catalog_version(engine) == version + 1
-    assert patch_workflow_failover(engine, "dialog") == {"latency_budget_ms": 2000}  # omitted: no write
-    assert catalog_version(engine) == version + 1
-    with pytest.raises(InvalidInput, match="latency_budget_ms 90000 is above the primary 'a''s timeout_ms"):
-        patch_workflow_failover(engine, "dialog", {"latency_budget_ms": 90_000})
-    with pytest.raises(InvalidInput, match=r"unknown workflow 'dialgo' \(known: dialog, single\)"):
-        patch_workflow_failover(engine, "dialgo", None)
-    assert catalog_version(engine) == version + 1  # refusals changed nothing
-    assert patch_workflow_failover(engine, "dialog", {"enabled": False}) == {"enabled": False}
+    patch_item(engine, WORKFLOWS, "dialog", {"reserve_ms": 10})  # failover omitted
+    assert override(engine) == {"dwell_ms": 500, "latency_budget_ms": 2000}
+    patch_item(engine, WORKFLOWS, "dialog", {"failover": {"share_floor": 0.1}})
+    assert override(engine) == {"share_floor": 0.1}  # replaced whole, never merged
+    patch_item(engine, WORKFLOWS, "dialog", {"failover": {"enabled": False}})
     assert load_routing(engine).workflows["dialog"].failover is None
-    assert patch_workflow_failover(engine, "dialog", None) is None
-    assert load_routing(engine).workflows["dialog"].failover == DEFAULTS
+    patch_item(engine, WORKFLOWS, "dialog", {"failover": None})
+    assert override(engine) is None and load_routing(engine).workflows["dialog"].failover == DEFAULTS
+    assert catalog_version(engine) == version + 4
+
+
+def test_a_bad_patch_is_refused_naming_the_value_and_changes_nothing(engine):
+    apply_document(engine, document({"dwell_ms": 500}))
+    version = catalog_version(engine)
+    with pytest.raises(InvalidInput, match=r"failover.share_floor: 0 is outside \(0, 1\]"):
+        patch_item(engine, WORKFLOWS, "dialog", {"failover": {"share_floor": 0}})
+    with pytest.raises(InvalidInput, match="latency_budget_ms: 90000 is above the primary 'a''s timeout_ms"):
+        patch_item(engine, WORKFLOWS, "dialog", {"failover": {"latency_budget_ms": 90_000}})
+    with pytest.raises(NotFound, match=r"unknown workflow 'dialgo' \(known: dialog, single\)"):
+        patch_item(engine, WORKFLOWS, "dialgo", {"failover": None})
+    assert catalog_version(engine) == version and override(engine) == {"dwell_ms": 500}
 
 
 # --- the CLI --------------------------------------------------------------------------
