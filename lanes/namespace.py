@@ -13,7 +13,8 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
     {{prefix}:breaker:<model>}:window       list    its recent outcomes
     {{prefix}:control:<pool id>}:state      hash    a pool controller's state
     {{prefix}:control:<pool id>}:leader     string  the pool's control-loop lease
-    {prefix}:share:<workflow>               hash    a workflow's failover share
+    {{prefix}:share:<workflow>}:state       hash    a workflow's failover share (seed 003)
+    {{prefix}:share:<workflow>}:window      list    its primary's recent outcomes
     {prefix}:workers:<fleet>                zset    live workers of a fleet (heartbeats)
     {prefix}:beat:lock                      string  the one active beat's lock (celery-redbeat's)
     {prefix}:beat:<entry>                   hash    a redbeat schedule entry (redbeat key prefix {prefix}:beat:)
@@ -65,8 +66,9 @@ class Namespace:
     def control_leader(self, pool_id: int) -> str:
         return f"{{{self.prefix}:control:{pool_id}}}:leader"
 
-    def share(self, workflow: str) -> str:
-        return f"{self.prefix}:share:{workflow}"
+    def share(self, workflow: str) -> tuple[str, str]:
+        tag = f"{{{self.prefix}:share:{workflow}}}"
+        return f"{tag}:state", f"{tag}:window"
 
     def workers(self, fleet: str) -> str:
         return f"{self.prefix}:workers:{fleet}"

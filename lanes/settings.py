@@ -115,6 +115,10 @@ class Settings(BaseSettings):
     result_ttl_seconds: int = Field(default=86_400, ge=60)
     idempotency_ttl_seconds: int = Field(default=86_400, ge=60)
     admission_cap_seconds: float = Field(default=300.0, gt=0)
+    capacity_requeues: int = Field(default=3, ge=0, le=100,
+                                   description="requeues of a task whose last candidate's wait timed out")
+    capacity_requeue_seconds: float = Field(default=5.0, gt=0, le=3600,
+                                            description="first backoff of a capacity requeue; doubles per requeue")
     visibility_timeout_seconds: int = Field(default=7_200, ge=60)
     workers_per_lane: int = Field(default=2, ge=1)
     fleet_min_workers: int = Field(default=2, ge=2)

@@ -40,6 +40,7 @@ from workers.runs import RunLeases
 log = logging.getLogger("lanes.worker")
 
 RETRY_BACKOFF_CAP = 30.0
+CAPACITY_BACKOFF_CAP = 120.0  # the longest wait before a capacity requeue runs again
 RETRIES_WITHOUT_DEADLINE = 5
 # A second delivery of a task another delivery is running looks again after this.
 DUPLICATE_RECHECK_SECONDS = 5.0
@@ -198,13 +199,14 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 raise Reject(str(exc), requeue=True) from None
             raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None,
                              **_shown(runtime, request)) from None
+        except CapacityWaitTimeout as exc:
+            raise _requeue_after_capacity_timeout(task, context.settings, runtime, request, walker, exc) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
             untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
             if untried and _may_retry(request, task.request.retries, countdown):
                 count_retry(walker, request, "redis_unavailable" if isinstance(exc, RedisUnavailable)
                             else "candidates_exhausted")
-                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
                 raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
                                  **_shown(runtime, request))
             raise
@@ -267,9 +269,36 @@ def _hand_back_at_front(task_id: str) -> bool:
     return False
 
 
-def _carrying(request: RouteRequest, called: list[str]) -> dict:
+def _carrying(request: RouteRequest, called: list[str], **changes) -> dict:
     """The task's message for its next delivery, naming the candidates already called."""
-    return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called]))}
+    return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called])), **changes}
+
+
+def _requeue_after_capacity_timeout(task, settings: Settings, runtime: Runtime, request: RouteRequest,
+                                    walker: Walker, exc: CapacityWaitTimeout) -> BaseException:
+    """What to raise when the last candidate's wait timed out: a requeue with backoff, or the failure.
+
+    The wait timed out at the admission cap (no deadline) or at the deadline:
+    the backends were busy, not broken. Up to ``capacity_requeues`` times the
+    task goes back to its queue, ``capacity_requeue_seconds`` doubling each
+    time, and starts a fresh admission cap when it runs again. A deadline that
+    leaves no room for the backoff ends it now.
+    """
+    done = request.capacity_requeues
+    countdown = min(CAPACITY_BACKOFF_CAP, settings.capacity_requeue_seconds * 2.0 ** done)
+    room = request.deadline is None or request.deadline - time.time() > countdown + 1.0
+    if done < settings.capacity_requeues and room:
+        log.info("task %s: %s; requeued in %.1fs (%d of %d)", task.request.id, exc, countdown, done + 1,
+                 settings.capacity_requeues)
+        count_retry(walker, request, "capacity_timeout")
+        return task.retry(args=[_carrying(request, walker.called, capacity_requeues=done + 1)],
+                          countdown=countdown, max_retries=None, throw=False, **_shown(runtime, request))
+    if done >= settings.capacity_requeues:
+        reason = (f"gave up after {done} capacity requeue{'s' if done != 1 else ''} "
+                  f"(LANES_CAPACITY_REQUEUES={settings.capacity_requeues}; raise it, or widen the lanes)")
+    else:
+        reason = "its deadline leaves no time to requeue it"
+    return CapacityWaitTimeout(f"{exc}; {reason}")
 
 
 def _shown(runtime: Runtime, request: RouteRequest) -> dict:

@@ -219,6 +219,7 @@ class _Plan:
                 "priority": workflow.priority,
                 "reserve_ms": workflow.reserve_ms,
                 "deadline_ms": workflow.deadline_ms,
+                "failover": workflow.failover,
             }
             workflow_id = _upsert(conn, workflows_t, row, values)
             if row is None or row.spec.candidates != workflow.candidates:

@@ -32,6 +32,7 @@ class Param:
     high: float
     low_open: bool = False  # True: the value must be strictly above ``low``
     doc: str = ""
+    high_open: bool = False  # True: the value must be strictly below ``high``
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is unacceptable, or None."""
@@ -50,9 +51,10 @@ class Param:
         if isinstance(value, float) and not math.isfinite(value):
             return f"{show(value)} is not a finite number"
         below = value <= self.low if self.low_open else value < self.low
-        if below or value > self.high:
-            opener = "(" if self.low_open else "["
-            return f"{show(value)} is outside {opener}{self.low:g}, {self.high:g}]"
+        above = value >= self.high if self.high_open else value > self.high
+        if below or above:
+            opener, closer = "(" if self.low_open else "[", ")" if self.high_open else "]"
+            return f"{show(value)} is outside {opener}{self.low:g}, {self.high:g}{closer}"
         return None
 
 

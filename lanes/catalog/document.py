@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from lanes.catalog import checks, controllers
+from lanes.catalog import checks, controllers, failover
 from lanes.catalog.shown import show
 from lanes.errors import CatalogInvalid
 
@@ -62,6 +62,8 @@ class WorkflowIn(_Item):
     reserve_ms: Annotated[StrictInt, AfterValidator(checks.at_least(0, "a reserve"))] = 0
     deadline_ms: Annotated[StrictInt, AfterValidator(checks.at_least(1, "a deadline in ms"))] | None = None
     candidates: list[StrictStr]
+    # The failover share's override (lanes/catalog/failover.py); None: the defaults.
+    failover: Any = None
 
 
 class ServiceIn(_Item):
@@ -111,6 +113,7 @@ class WorkflowSpec:
     reserve_ms: int
     deadline_ms: int | None
     candidates: tuple[str, ...]
+    failover: dict | None = None  # the stored override (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -187,6 +190,7 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
         # previous name matches is decided when applying (apply.match_pools).
 
     model_kinds = {item.name: item.kind for _, item in items["models"]}
+    model_timeouts = {item.name: item.timeout_ms for _, item in items["models"]}
     for i, model in items["models"]:
         path = f"models[{i}]"
         if model.pool is not None and model.pool not in declared["pools"]:
@@ -213,6 +217,7 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
                 f"{path}.reserve_ms: {workflow.reserve_ms} leaves the primary no time "
                 f"within deadline_ms {workflow.deadline_ms}"
             )
+        problems.extend(_failover_problems(path, workflow, model_timeouts))
         first_at: dict[str, int] = {}
         for j, name in enumerate(workflow.candidates):
             where = f"{path}.candidates[{j}]"
@@ -230,6 +235,25 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
                         f"{primary!r} is {_a(model_kinds[primary])} model"
                     )
     return problems
+
+
+def _failover_problems(path: str, workflow: WorkflowIn, model_timeouts: dict[str, int]) -> list[str]:
+    found = [f"{path}.failover{'.' + key if key else ''}: {message}"
+             for key, message in failover.problems(workflow.failover)]
+    if found or not isinstance(workflow.failover, dict) or not workflow.candidates:
+        return found
+    params = failover.effective(workflow.failover)
+    primary = workflow.candidates[0]
+    timeout = model_timeouts.get(primary)
+    # An override is explicit: its budget must be one the primary's first-token
+    # limit can show. (The defaults on a shorter limit are allowed; such a cut-off
+    # call is then an unknown outcome, never a breach.)
+    if params is not None and timeout is not None and params.latency_budget_ms > timeout:
+        found.append(
+            f"{path}.failover.latency_budget_ms: {params.latency_budget_ms} is above the primary {primary!r}'s "
+            f"timeout_ms {timeout}; a call is cut off before it could breach (lower the budget or raise the timeout)"
+        )
+    return found
 
 
 def _a(word: str) -> str:
@@ -260,7 +284,8 @@ def _normalise(items: dict[str, list[tuple[int, _Item]]]) -> CatalogDocument:
             for _, m in items["models"]
         ),
         workflows=tuple(
-            WorkflowSpec(w.name, w.priority, w.reserve_ms, w.deadline_ms, tuple(w.candidates))
+            WorkflowSpec(w.name, w.priority, w.reserve_ms, w.deadline_ms, tuple(w.candidates),
+                         failover.normalise(w.failover))
             for _, w in items["workflows"]
         ),
         services=tuple(ServiceSpec(s.name, s.limit) for _, s in items["services"]),

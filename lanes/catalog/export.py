@@ -55,6 +55,7 @@ def to_document(catalog: CatalogDocument) -> dict:
                 "reserve_ms": w.reserve_ms,
                 "deadline_ms": w.deadline_ms,
                 "candidates": list(w.candidates),
+                "failover": w.failover,
             }
             for w in catalog.workflows
         ],

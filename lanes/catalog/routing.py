@@ -12,7 +12,8 @@ from typing import Literal
 
 from sqlalchemy.engine import Engine
 
-from lanes.catalog import controllers
+from lanes.catalog import controllers, failover
+from lanes.catalog.failover import FailoverParams
 from lanes.catalog.export import read_catalog
 from lanes.catalog.version import CatalogStamp, catalog_stamp
 from lanes.priority import Priority
@@ -52,6 +53,9 @@ class WorkflowRoute:
     default_deadline_seconds: float | None
     candidates: tuple[ModelInfo, ...]  # primary first
     fleet: str | None  # the primary's pool name: the Celery queue the work runs on
+    # The failover share's parameters in effect (None: turned off for this workflow).
+    failover: FailoverParams | None = field(default=failover.DEFAULTS, hash=False)
+    failover_override: dict | None = field(default=None, hash=False)  # as stored (None: the defaults)
 
 
 @dataclass(frozen=True)
@@ -112,6 +116,8 @@ def load_routing(engine: Engine) -> RoutingTable:
             default_deadline_seconds=spec.deadline_ms / 1000 if spec.deadline_ms is not None else None,
             candidates=candidates,
             fleet=primary_pool.name if primary_pool else None,
+            failover=failover.effective(spec.failover),
+            failover_override=spec.failover,
         )
     services = {name: row.spec.limit for name, row in state.services.items()}
     return RoutingTable(state.version, workflows, pools, models, services, identity=state.identity)

@@ -114,6 +114,7 @@ def read_state(conn: Connection) -> CatalogState:
                 reserve_ms=row["reserve_ms"],
                 deadline_ms=row["deadline_ms"],
                 candidates=tuple(chosen.get(row["id"], ())),
+                failover=row["failover"],
             ),
         )
         for row in conn.execute(sa.select(workflows_t).order_by(workflows_t.c.id)).mappings()

@@ -101,6 +101,8 @@ class Workflow(SQLModel, table=True):
     # Time kept back from a busy primary so a fallback can still answer in time.
     reserve_ms: int = 0
     deadline_ms: int | None = None
+    # The failover share's override (lanes/catalog/failover.py); NULL: the defaults.
+    failover: dict | None = Field(default=None, sa_column=sa.Column(sa.JSON(none_as_null=True), nullable=True))
 
 
 class Candidate(SQLModel, table=True):

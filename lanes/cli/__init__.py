@@ -36,6 +36,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "result": ("lanes.cli.result", "Show a task's result and routing trace."),
     "revoke": ("lanes.cli.revoke", "Revoke a task (a lane wait is cancelled at once)."),
     "events": ("lanes.cli.events", "List routing events."),
+    "shares": ("lanes.cli.shares", "Each workflow's failover share; change its override."),
     "worker": ("lanes.cli.worker", "Run a Celery worker for one fleet."),
     "demo": ("lanes.cli.demo", "Run the whole product on embedded defaults."),
     "history": ("lanes.cli.history", "Add chat history (one message or a JSON Lines file)."),

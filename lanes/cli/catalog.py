@@ -130,13 +130,14 @@ def show(settings, as_json: bool) -> None:
     )
     emit_table(
         "workflows (fleet = the primary's pool)",
-        ["name", "priority", "reserve", "deadline", "candidates, primary first"],
+        ["name", "priority", "reserve", "deadline", "candidates, primary first", "failover"],
         [
             (w.name, w.priority.label, f"{w.reserve_seconds:g}s",
              f"{w.default_deadline_seconds:g}s" if w.default_deadline_seconds is not None else "-",
-             ", ".join(m.name for m in w.candidates))
+             ", ".join(m.name for m in w.candidates), _failover(w))
             for w in table.workflows.values()
         ],
+        prose=("candidates, primary first", "failover"), drop_order=("failover",),
     )
     emit_table("services", ["name", "limit"], sorted(table.services.items()))
 
@@ -169,6 +170,15 @@ def _controller(controller: dict | list) -> str:
     return " + ".join(one(entry) for entry in (controller if isinstance(controller, list) else [controller]))
 
 
+def _failover(route) -> str:
+    """The failover share's setting: off, the defaults, or the override's members."""
+    if route.failover is None:
+        return "off"
+    if not route.failover_override:
+        return "defaults"
+    return ", ".join(f"{k}={v}" for k, v in route.failover_override.items())
+
+
 def _as_json(table) -> dict:
     def pool(p):
         return None if p is None else p.name
@@ -189,7 +199,8 @@ def _as_json(table) -> dict:
         "workflows": [
             {"name": w.name, "priority": w.priority.label, "reserve_seconds": w.reserve_seconds,
              "default_deadline_seconds": w.default_deadline_seconds, "fleet": w.fleet,
-             "candidates": [m.name for m in w.candidates]}
+             "candidates": [m.name for m in w.candidates], "failover": w.failover_override,
+             "failover_enabled": w.failover is not None}
             for w in table.workflows.values()
         ],
         "services": [{"name": name, "limit": limit} for name, limit in table.services.items()],

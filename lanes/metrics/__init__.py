@@ -76,8 +76,11 @@ def install(settings: Settings, *, registry=None, client=None, table=None) -> La
     second call returns the first collector. Connects nowhere until a scrape."""
     from prometheus_client import REGISTRY
 
+    from lanes.routing.share_metrics import share_metrics
+
     registry = registry or REGISTRY
     instruments()
+    share_metrics()  # the failover share's families, named before any request
     with _lock:
         collector = _installed.get(id(registry))
         if collector is None:

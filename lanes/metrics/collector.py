@@ -5,8 +5,9 @@ For every pool of the catalog: the width the lane admits now, the width
 written in the catalog, the holders in flight, the waiters per priority, and
 the lane's own grant and expired-lease counters (kept in Redis by the lane
 scripts, so they count every worker's grants). For every model: its
-breaker's state. And the number of mismatches the last lane-config check
-found (no sample before a check has run).
+breaker's state. For every workflow whose failover share runs: the share
+(seed 003; 1.0 before its first request). And the number of mismatches the
+last lane-config check found (no sample before a check has run).
 
 A scrape reads one lane script per pool and one breaker check per model; the
 reading is kept for ``cache_seconds`` (2 s) so that several scrapers, or a
@@ -30,6 +31,8 @@ from prometheus_client.registry import Collector
 from lanes.catalog import RoutingTable
 from lanes.namespace import Namespace
 from lanes.routing.breaker import Breakers
+from lanes.routing.share import ShareStore
+from lanes.routing.share import eligible as share_eligible
 from lanes.settings import Settings
 
 log = logging.getLogger("lanes.metrics")
@@ -56,6 +59,9 @@ def _families() -> dict[str, Metric]:
             "lanes_breaker_state", "Breaker of a model: 0 closed, 1 half-open, 2 open", labels=["model"]),
         "mismatches": GaugeMetricFamily(
             "lanes_lane_config_mismatches", "Mismatches the last lane-config check found"),
+        "share": GaugeMetricFamily(
+            "lanes_failover_share", "Fraction of a workflow's requests that try its primary first (seed 003)",
+            labels=["workflow"]),
     }
 
 
@@ -71,6 +77,7 @@ class LaneCollector(Collector):
         self.clock = clock
         self.breakers = Breakers(client, prefix=settings.key_prefix)
         self.names = Namespace(settings.key_prefix)
+        self.shares = ShareStore(client, self.names)
         self._lock = threading.Lock()
         self._cached: list[Metric] | None = None
         self._read_at = float("-inf")
@@ -120,6 +127,9 @@ class LaneCollector(Collector):
             f["expired"].add_metric([pool.name], stats.expired)
         for model in sorted(table.models):
             f["breaker"].add_metric([model], BREAKER_STATES.get(self.breakers.state(model), 2))
+        for name, route in sorted(table.workflows.items()):
+            if share_eligible(route):
+                f["share"].add_metric([name], self.shares.share(name))
         raw = self.client.get(self.names.lane_config)
         if raw:
             f["mismatches"].add_metric([], len(json.loads(raw).get("mismatches", [])))

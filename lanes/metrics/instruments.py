@@ -26,7 +26,7 @@ STATUS_CLASSES = ("2xx", "4xx", "5xx", "timeout", "error")
 DIRECTIONS = ("up", "down")
 # The reasons a routed task goes back to its queue (workers/app.py, workers/memory.py).
 RETRY_REASONS = ("candidates_exhausted", "redis_unavailable", "requeued", "duplicate_delivery", "shutdown",
-                 "memory_attempt_failed")
+                 "memory_attempt_failed", "capacity_timeout")
 
 # Lane waits run from 0 (a free slot) to the admission cap (300 s by default).
 WAIT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)

@@ -174,6 +174,14 @@ def _stream_error(model: ModelInfo, error) -> BackendError:
     answer; the call failed as a 5xx would."""
     detail = error.get("message") if isinstance(error, dict) else error
     code = error.get("code") if isinstance(error, dict) else None
+    if isinstance(code, str) and code.isdigit():
+        code = int(code)
+    # An overload status inside a 2xx stream is an overload all the same (the
+    # failover share counts it as a breach); other 4xx codes are not kept, so
+    # a failure after the stream began is never taken for a refused request.
+    if isinstance(code, int) and code in OVERLOAD_STATUSES:
+        return BackendOverloaded(f"{model.name} is overloaded mid-stream ({code}): {str(detail)[:200]}",
+                                 model.name, code)
     status = code if isinstance(code, int) and 500 <= code <= 599 else None
     return BackendError(f"{model.name} failed mid-stream: {str(detail)[:200]}", model.name, status)
 

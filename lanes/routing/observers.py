@@ -40,6 +40,10 @@ class Attempt:
     ``trial`` is the breaker's half-open trial token when this call was the
     trial; ``reason`` the error text of an attempt that did not serve;
     ``admitted_at`` the wall-clock time the call started.
+    ``share_generation`` is set on an attempt on the workflow's primary when
+    the request drew under the failover share (:mod:`lanes.routing.share`):
+    the share's generation at the draw. ``no_first_token_by`` is the
+    first-token limit (seconds) that fired, when the call ended for want of one.
     """
 
     workflow: str
@@ -57,6 +61,8 @@ class Attempt:
     trial: str | None = None
     reason: str | None = None
     admitted_at: float | None = None
+    share_generation: int | None = None
+    no_first_token_by: float | None = None
 
     @property
     def backend_fault(self) -> bool:

@@ -23,6 +23,8 @@ class RouteRequest:
     # Candidates already called for this task by earlier deliveries (a requeue
     # or a retry carries them): they are not called again.
     called: tuple[str, ...] = ()
+    # Times this task was requeued after a capacity wait timeout (workers/app.py).
+    capacity_requeues: int = 0
 
     def to_message(self) -> dict:
         return {
@@ -34,6 +36,7 @@ class RouteRequest:
             "submitted_at": self.submitted_at,
             "idempotency_key": self.idempotency_key,
             "called": list(self.called),
+            "capacity_requeues": self.capacity_requeues,
         }
 
     @classmethod
@@ -47,6 +50,7 @@ class RouteRequest:
             submitted_at=message["submitted_at"],
             idempotency_key=message.get("idempotency_key"),
             called=tuple(message.get("called") or ()),
+            capacity_requeues=int(message.get("capacity_requeues") or 0),
         )
 
 

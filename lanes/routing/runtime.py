@@ -7,12 +7,14 @@ the authority's width, and a changed catalog is followed through it, never
 by writing the catalog width over a learned one.
 
 ``observers`` is the list the walker reports every attempt and bypass to
-(breakers, routing events, controllers and process metrics). ``control_generation`` is asked, right after a slot is granted,
+(breakers, routing events, controllers, process metrics and the failover shares).
+``control_generation`` is asked, right after a slot is granted,
 which controller generation the admission falls under (None: no controller).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import redis
@@ -31,11 +33,15 @@ from lanes.routing.backend import BackendClient
 from lanes.routing.breaker import BreakerObserver, Breakers
 from lanes.routing.events import EventLog, EventObserver
 from lanes.routing.observers import Observer
+from lanes.routing.share import ShareController, ShareObserver, ShareStore
+from lanes.routing.share_metrics import share_metrics
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
 from lanes.settings import Settings
 
 __all__ = ["Runtime", "lane_key", "pool_lane", "provision_lanes"]
+
+log = logging.getLogger("lanes.routing")
 
 
 def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable) -> list[str]:
@@ -77,10 +83,13 @@ class Runtime:
         self.control = ControlStore(self.client, Namespace(settings.key_prefix))
         self.authority = WidthAuthority(self.control)
         # Everything that wants to hear how each backend call ended (walker -> observers).
+        self.shares = ShareController(ShareStore(self.client, Namespace(settings.key_prefix)), clock=self.clock,
+                                      events=self.events, metrics=share_metrics())
         self.observers: list[Observer] = [
             BreakerObserver(self.breakers), EventObserver(self.events), ControlObserver(self), MetricsObserver(),
+            ShareObserver(self),
         ]
-        self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_widths)
+        self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_catalog)
         self._lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}
         self._steward = None
@@ -104,11 +113,15 @@ class Runtime:
         """The width a lane is (re)created at: the authority's, never the bare catalog's."""
         return self.authority.width(self.pool_by_id(pool_id))
 
-    def _follow_widths(self, table: RoutingTable) -> None:
+    def _follow_catalog(self, table: RoutingTable) -> None:
         for pool in table.pools.values():
             lane = self._lanes.get(pool.id)
             if lane is not None:
                 self.authority.sync(pool, lane)
+        try:
+            self.shares.follow(table)
+        except Exception:  # Redis away: the next change (or draw) catches up
+            log.warning("failover shares could not follow the catalog", exc_info=True)
 
     # --- control -----------------------------------------------------------
 

@@ -109,6 +109,7 @@ class Walker:
         self.rt = runtime
         self.trace: Trace | None = None  # the last walk's, kept for failures too
         self.called: list[str] = []  # candidates called for this task, earlier deliveries included
+        self._share = None  # this walk's failover-share draw (lanes.routing.share.Choice), if any
 
     def walk(
         self,
@@ -145,7 +146,8 @@ class Walker:
             started=started,
             delivered_at=delivered_at,
         )
-        candidates = [model for model in route.candidates if model.name not in request.called]
+        candidates = self._share_order(route, [model for model in route.candidates if model.name not in request.called],
+                                       trace)
         for index, model in enumerate(candidates):
             last = index == len(candidates) - 1
             try:
@@ -165,6 +167,30 @@ class Walker:
             f"every candidate of workflow {route.name!r} failed or was passed over: "
             + (tried or f"all were called in earlier attempts ({', '.join(request.called)})")
         )
+
+    def _share_order(self, route, candidates: list, trace: Trace) -> list:
+        """The candidates in the order this request tries them, after its failover-share draw.
+
+        A request that draws "not the primary" starts at the next candidate;
+        the primary stays reachable right after it. Only the first try moves.
+        """
+        self._share = None
+        if len(candidates) < 2 or candidates[0] is not route.candidates[0]:
+            return candidates  # the primary was called already (a requeue), or there is no fallback
+        try:
+            choice = self.rt.shares.choose(route)
+        except Exception:  # the share is a preference; its fault must not cost the request
+            log.warning("failover share of %s could not be read; trying the primary first", route.name, exc_info=True)
+            return candidates
+        if choice is None:
+            return candidates
+        self._share = choice
+        if choice.primary_first:
+            return candidates
+        primary = candidates[0]
+        trace.step(primary.name, primary.pool.name if primary.pool else None, "share_skip",
+                   share=round(choice.share, 4))
+        return [candidates[1], primary, *candidates[2:]]
 
     # --- one candidate ------------------------------------------------------
 
@@ -276,6 +302,7 @@ class Walker:
             pool_id=pool.id if pool else None, priority=request.priority, generation=admitted.generation,
             task_id=request.task_id, trial=claim.trial, admitted_at=now,
             wait_seconds=permit.waited_seconds if permit is not None else None,
+            share_generation=self._share.generation if self._share and model is route.candidates[0] else None,
         )
         started = time.monotonic()
         error: BackendError | None = None
@@ -292,7 +319,8 @@ class Walker:
             # which says nothing about the backend.
             ours = exc.limit_seconds < model.timeout_seconds - 1e-3
             attempt = Attempt(outcome="abandoned" if ours else "timeout", reason=str(exc),
-                              call_seconds=time.monotonic() - started, **report)
+                              call_seconds=time.monotonic() - started,
+                              no_first_token_by=exc.limit_seconds if exc.phase == "first_token" else None, **report)
         except BackendError as exc:
             error = exc
             attempt = Attempt(outcome="rejected" if exc.request_rejected else "failed", reason=str(exc),

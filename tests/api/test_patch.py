@@ -91,7 +91,7 @@ def test_a_workflow_patch_keeps_omitted_fields_and_null_restores_defaults(api):
     assert answer.status_code == 200, answer.text
     workflow = answer.json()["workflow"]
     assert workflow == {"name": "chat", "priority": "user_tool", "reserve_ms": 200, "deadline_ms": None,
-                        "candidates": ["a", "b"]}
+                        "candidates": ["a", "b"], "failover": None}
     assert api.patch("/v1/workflows/chat", json={"priority": None}, headers=AUTH).json()["workflow"]["priority"] == (
         "interactive")
     refused = api.patch("/v1/workflows/chat", json={"candidates": ["a", "zz"]}, headers=AUTH)
@@ -124,3 +124,22 @@ def test_a_patch_planned_on_a_stale_catalog_is_planned_again_not_written_over(ap
     finally:
         engine.dispose()
     assert (table.pools["gpu-a"].width, table.pools["gpu-b"].width) == (3, 4)
+
+
+def test_a_failover_patch_has_the_seeds_semantics_over_http(api):
+    """The failover share's override (seed 003): an object replaces the old one whole,
+    {"enabled": false} turns it off, null restores the defaults, omitted keeps it."""
+    first = api.patch("/v1/workflows/chat", json={"failover": {"dwell_ms": 500, "share_floor": 0.2}}, headers=AUTH)
+    assert first.status_code == 200, first.text
+    assert first.json()["workflow"]["failover"] == {"dwell_ms": 500, "share_floor": 0.2}
+    second = api.patch("/v1/workflows/chat", json={"failover": {"latency_budget_ms": 2000}}, headers=AUTH)
+    assert second.json()["workflow"]["failover"] == {"latency_budget_ms": 2000}
+    kept = api.patch("/v1/workflows/chat", json={"reserve_ms": 100}, headers=AUTH)
+    assert kept.json()["workflow"]["failover"] == {"latency_budget_ms": 2000}
+    off = api.patch("/v1/workflows/chat", json={"failover": {"enabled": False}}, headers=AUTH)
+    assert off.json()["workflow"]["failover"] == {"enabled": False}
+    assert api.patch("/v1/workflows/chat", json={"failover": None}, headers=AUTH).json()["workflow"]["failover"] is None
+    refused = api.patch("/v1/workflows/chat", json={"failover": {"share_decay": 1.5}}, headers=AUTH)
+    assert refused.status_code == 400
+    assert "failover.share_decay: 1.5 is outside (0, 1)" in refused.json()["message"]
+    assert api.get("/v1/workflows/chat").json()["failover"] is None  # the refusal changed nothing

@@ -75,7 +75,7 @@ def test_db_upgrade_current_and_downgrade(lanes):
     assert lanes("db", "upgrade").exit_code == 0
     current = json.loads(lanes("db", "current", "--json").stdout)
     assert [(b["branch"], b["revision"]) for b in current["branches"]] == [
-        ("schema", "catalog_0002"), ("fleet", None), ("memory", None)
+        ("schema", "catalog_0003"), ("fleet", None), ("memory", None)
     ]
 
     upgraded = lanes("db", "upgrade", "fleet@head")

@@ -108,7 +108,7 @@ def test_open_catalog_creates_the_sqlite_file_under_the_state_dir_and_skips_the_
     try:
         assert settings.sqlite_path.exists()
         assert [(s.branch, s.revision) for s in migrate.branch_states(engine)] == [
-            ("schema", "catalog_0002"),
+            ("schema", "catalog_0003"),
             ("fleet", None),
             ("memory", None),
         ]

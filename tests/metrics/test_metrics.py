@@ -29,6 +29,7 @@ from lanes.memory import add_messages, ensure_memory_schema
 from lanes.memory.runs import claim_run, complete_run, enqueue_runs, fail_run
 from lanes.metrics import LaneCollector, install, retried_walk, status_class
 from lanes.namespace import Namespace
+from lanes.routing.observers import Attempt
 from lanes.routing.request import RouteRequest
 from lanes.routing.runtime import Runtime, provision_lanes
 from lanes.routing.walker import Walker
@@ -37,9 +38,12 @@ from workers.memgate import MemoryGate
 
 CHAT = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
 
-# Every family of the metric name contract this package defines (the failover
-# ones belong to the shares work).
+# Every family of the metric name contract (the failover ones but the share
+# itself are lanes/routing/share_metrics.py's).
 CONTRACT = {
+    "lanes_failover_share": "gauge", "lanes_failover_window_samples": "gauge",
+    "lanes_failover_breach_rate": "gauge", "lanes_failover_active": "gauge",
+    "lanes_failover_unknown_outcomes": "counter", "lanes_failover_first_token_seconds": "histogram",
     "lanes_lane_width": "gauge", "lanes_lane_configured_width": "gauge", "lanes_lane_in_flight": "gauge",
     "lanes_lane_queued": "gauge", "lanes_lane_grants": "counter", "lanes_lane_expired_leases": "counter",
     "lanes_breaker_state": "gauge", "lanes_lane_config_mismatches": "gauge",
@@ -209,6 +213,8 @@ def test_the_collector_reads_every_pool_and_breaker_from_redis_and_caches_the_re
     assert grants[p] >= 1
     assert sorted(labels["model"] for labels, _ in found["lanes_breaker_state"]) == ["bad", "m", "n"]
     assert found["lanes_lane_config_mismatches"] == []  # no check has run: no sample, not a made-up 0
+    # The failover share: only workflows with a fallback have one; 1.0 before any request.
+    assert found["lanes_failover_share"] == [({"workflow": f"chat-{fleet.tag}"}, 1.0)]
 
     # Within the cache period a scrape costs Redis nothing; after it, a new reading.
     fleet.client.set(Namespace(fleet.settings.key_prefix).lane_config,
@@ -247,6 +253,17 @@ def test_install_registers_once_and_the_default_exposition_names_every_contract_
         assert found[name].type == kind, name
     widths = {s.labels["pool"]: s.value for s in found["lanes_lane_width"].samples}
     assert widths[fleet.names["p"]] == 1 and widths[fleet.names["q"]] == 3
+
+
+def test_the_collector_shows_the_share_every_worker_shares(fleet):
+    route = fleet.workflow(f"chat-{fleet.tag}")
+    generation = fleet.shares.choose(route).generation
+    for _ in range(20):  # 20 slow first tokens on the primary: one cut
+        fleet.shares.observe(route, Attempt(workflow=route.name, model="m", pool=fleet.names["p"], pool_id=None,
+                                            priority=Priority.INTERACTIVE, outcome="served", ttft_seconds=30.0,
+                                            share_generation=generation))
+    found = families(LaneCollector(fleet.settings, fleet.client, fleet.table))
+    assert found["lanes_failover_share"] == [({"workflow": route.name}, pytest.approx(0.8))]
 
 
 # --- the memory gate and memory runs -----------------------------------------------------

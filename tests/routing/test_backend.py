@@ -1,6 +1,8 @@
 """Backend calls over real HTTP against the simulator."""
 
+import json
 import threading
+from contextlib import contextmanager
 
 import pytest
 
@@ -92,16 +94,16 @@ def test_a_lost_lease_aborts_the_call_and_frees_the_backend(sim, client):
     assert sim.stats()["chat"]["cancelled"] == 1 and sim.stats()["chat"]["served"] == 0
 
 
-def test_the_api_key_is_read_from_the_named_variable(client, monkeypatch):
+@contextmanager
+def stream_backend(body: bytes, seen: list | None = None):
+    """A one-route backend answering every chat with ``body`` as a 200 event stream; yields its model."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
-    seen = []
 
     class Backend(BaseHTTPRequestHandler):
         def do_POST(self):
-            seen.append(self.headers.get("authorization"))
+            if seen is not None:
+                seen.append(self.headers.get("authorization"))
             self.rfile.read(int(self.headers["content-length"]))
-            body = b'data: {"choices": [{"delta": {"content": "ok"}}]}\n\ndata: [DONE]\n\n'
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.send_header("content-length", str(len(body)))
@@ -114,13 +116,33 @@ def test_the_api_key_is_read_from_the_named_variable(client, monkeypatch):
     server = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
-        hosted = ModelInfo(name="h", base_url=f"http://127.0.0.1:{server.server_port}/v1", kind="chat", pool=None,
-                           service=None, timeout_seconds=5.0, api_key_env="LANES_TEST_KEY")
+        yield ModelInfo(name="h", base_url=f"http://127.0.0.1:{server.server_port}/v1", kind="chat", pool=None,
+                        service=None, timeout_seconds=5.0, api_key_env="LANES_TEST_KEY")
+    finally:
+        server.shutdown()
+
+
+def test_the_api_key_is_read_from_the_named_variable(client, monkeypatch):
+    seen = []
+    body = b'data: {"choices": [{"delta": {"content": "ok"}}]}\n\ndata: [DONE]\n\n'
+    with stream_backend(body, seen) as hosted:
         monkeypatch.setenv("LANES_TEST_KEY", "sk-test")
         assert client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5).body[
             "choices"][0]["message"]["content"] == "ok"
         monkeypatch.delenv("LANES_TEST_KEY")
         client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5)
-    finally:
-        server.shutdown()
     assert seen == ["Bearer sk-test", None]
+
+
+@pytest.mark.parametrize(("code", "status", "overloaded"), [(529, 529, True), ("429", 429, True), (500, 500, False),
+                                                            (400, None, False)])
+def test_an_error_inside_a_streamed_2xx_keeps_an_overload_status(client, code, status, overloaded):
+    """vLLM-style mid-stream failure: HTTP 200, then ``data: {"error": ...}``. An overload
+    code there is an overload (the failover share counts it as a breach); a 4xx other than
+    429 is not taken for a refused request, since the stream had already begun."""
+    error = json.dumps({"error": {"message": "busy", "code": code}}).encode()
+    body = b'data: {"choices": [{"delta": {"content": "o"}}]}\n\ndata: ' + error + b"\n\ndata: [DONE]\n\n"
+    with stream_backend(body) as hosted, pytest.raises(BackendError) as caught:
+        client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5)
+    assert caught.value.status == status and not caught.value.request_rejected
+    assert isinstance(caught.value, BackendOverloaded) == overloaded
