@@ -83,6 +83,7 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
     console = console or Console(width=100)
     catalog = catalog or _example_catalog()
     document = read_document(catalog)  # a bad file fails here, before anything starts
+    plot = _writable_plot_path(plot or settings.state_dir / "demo.png")  # and so does a plot path it cannot write
     report = DemoReport()
     adaptive = with_controller(document)
     sim_port = _simulator_port(document, report)
@@ -140,9 +141,20 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
         report.beat = memory_demo.beat_status(settings, redis_url)
         timeline.stop()
         summarise(report, settings, redis_url, table, sim.stats(), submitted, since)
-        report.plot = plot_demo(report, timeline, plot or settings.state_dir / "demo.png")
+        report.plot = plot_demo(report, timeline, plot)
         print_report(report, console)
         return report
+
+
+def _writable_plot_path(path: Path) -> Path:
+    if path.is_dir():
+        raise InvalidInput(f"--plot {path}: is a folder; name a file such as {path / 'demo.png'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"--plot {path}: cannot create its folder {path.parent}: {exc.strerror or exc}; "
+                           "name a file in a folder you can write") from None
+    return path
 
 
 def _simulator_port(document: dict, report: DemoReport) -> int:
