@@ -2,9 +2,9 @@
 
 Starts (or attaches to) the embedded Redis, applies the example fleet to the
 catalog with the ``vllm`` controller turned on for the dialog pool, serves it
-with the simulator, runs a worker per fleet, the beat and a memory worker,
-sends a mixed workload (interactive, user tool, background), then keeps the
-dialog pool busy while its simulated backend's capacity changes midway, and
+with the simulator, runs a worker per fleet, the beat, a memory worker and
+the HTTP API, sends a mixed workload (interactive, user tool, background),
+then keeps the dialog pool busy while its simulated backend's capacity changes midway, and
 prints, per pool, how many requests it served, how long they waited in its
 lane, how often it was passed over, its configured width and the width over
 time against the backend's capacity, the highest concurrency the simulated
@@ -12,7 +12,7 @@ backend saw against the width, the memory runs the beat created, and the
 path of a PNG plot of it all.
 
 A default port another program holds (the simulator's, the embedded
-Redis's) is replaced by a free one, and the summary says so.
+Redis's, the API's) is replaced by a free one, and the summary says so.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from lanes.catalog import apply_document, load_routing, open_catalog, read_docum
 from lanes.celery_client import HOSTED_FLEET
 from lanes.demo_control import ADAPTIVE_POOL, CAPACITIES, AdaptiveStep, move_port, run_adaptive_step, with_controller
 from lanes.demo_plot import Timeline
+from lanes import demo_services as services
 from lanes.demo_report import DemoReport, print_report, summarise
 from lanes.demo_report import plot as plot_demo
 from lanes.embedded import EmbeddedRedis, free_port, port_free
@@ -116,16 +117,24 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
         fleets = sorted({r.fleet or HOSTED_FLEET for r in table.workflows.values() if r.candidates})
         workers = _start_workers(settings, fleets)
         cleanup.callback(_stop_workers, workers)
-        memory_worker = memory_demo.start_memory_worker(settings, redis_url)
-        cleanup.callback(memory_demo.stop, memory_worker)
-        beat = memory_demo.start_beat(settings, redis_url)
-        cleanup.callback(memory_demo.stop, beat)
-        # ADMIN API HOOK: `lanes api` (the admin and submit HTTP API) starts here, beside the
-        # workers and the beat, once it exists; the summary would then name its address.
+        memory_worker = services.start_memory_worker(settings, redis_url)
+        cleanup.callback(services.stop, memory_worker)
+        beat = services.start_beat(settings, redis_url)
+        cleanup.callback(services.stop, beat)
+        # The admin and submit HTTP API, beside the workers and the beat.
+        port, taken = services.api_port()
+        if taken is not None:
+            report.moved_ports.append(f"admin API {taken} -> {port}")
+        api = services.start_api(settings, redis_url, port)
+        cleanup.callback(services.stop, api)
         client = LanesClient(settings, redis_url=redis_url)
         cleanup.callback(client.close)
 
         _wait_for_workers(client, fleets, console)
+        api_url = f"http://127.0.0.1:{port}"
+        if services.wait_for_api(api_url, api):
+            report.api_url = api_url
+            console.print(f"admin API at {api_url} (OpenAPI at {api_url}/docs)")
         adaptive_model = _adaptive_model(table) if adaptive else None
         timeline = Timeline(settings, redis_url, table, capacity=(
             (lambda: sim.stats()[adaptive_model]["capacity"]) if adaptive_model else None)).start()
@@ -138,7 +147,9 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
                 client, sim.url, AdaptiveStep(ADAPTIVE_POOL, adaptive_model, pool.width, CAPACITIES),
                 timeline, console, phase_seconds=phase_seconds)
         report.memory_runs = memory_demo.show_memory_runs(settings, chats, console)
-        report.beat = memory_demo.beat_status(settings, redis_url)
+        report.beat = services.beat_status(settings, redis_url)
+        if report.api_url:
+            report.api_pools = services.api_pools(report.api_url)
         timeline.stop()
         summarise(report, settings, redis_url, table, sim.stats(), submitted, since)
         report.plot = plot_demo(report, timeline, plot)

@@ -33,6 +33,8 @@ class DemoReport:
     moved_ports: list[str] = field(default_factory=list)  # "simulator 8700 -> 41234" when a default was taken
     plot: Path | None = None
     plot_error: str | None = None
+    api_url: str | None = None  # the demo's `lanes api`, when it answered
+    api_pools: list[dict] | None = None  # what its GET /v1/pools said at the end
     waits: list = field(default_factory=list)  # the run's lane_wait events
 
 
@@ -143,6 +145,11 @@ def print_report(report: DemoReport, console: Console) -> None:
                       f"{report.memory_runs.get('runs', 0)} memory runs, {report.memory_runs.get('done', 0)} done")
     else:
         console.print("beat: [red]not active[/] (see its log in the state folder's logs/beat.log)")
+    if report.api_url and report.api_pools is not None:
+        widths = ", ".join(f"{p['pool']} {p['width']}" for p in report.api_pools)
+        console.print(f"admin API: {report.api_url}/v1/pools answered {len(report.api_pools)} pools ({widths})")
+    else:
+        console.print("admin API: [red]did not answer[/] (see the state folder's logs/api.log)")
     for moved in report.moved_ports:
         console.print(f"default port taken: {moved}")
     if report.plot is not None:

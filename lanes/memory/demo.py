@@ -2,7 +2,7 @@
 
 Before the fleet starts, the demo ingests three short chats in the last
 completed hour (:func:`ingest_demo_chats`), then starts ``lanes beat`` and a
-memory worker beside the fleet workers. The beat, once it holds its lock,
+memory worker beside the fleet workers (:mod:`lanes.demo_services`). The beat, once it holds its lock,
 runs its start-up scan: it finds those chat hours without a run, creates the
 runs and sends them to the memory worker, whose extraction goes through the
 lanes at background priority while the rest of the demo runs.
@@ -11,15 +11,10 @@ lanes at background priority while the rest of the demo runs.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-import redis
 from rich.console import Console
 from rich.table import Table
 
@@ -28,7 +23,6 @@ from lanes.memory.history import add_messages
 from lanes.memory.hours import hour_start
 from lanes.memory.runs import list_runs, notes_of
 from lanes.memory.schema import open_memory
-from lanes.namespace import Namespace
 from lanes.settings import Settings
 
 CHATS = {
@@ -65,25 +59,6 @@ def ingest_demo_chats(settings: Settings) -> DemoChats:
         engine.dispose()
 
 
-def start_beat(settings: Settings, redis_url: str) -> subprocess.Popen:
-    """``lanes beat`` as a process of its own (the scheduler is started, never imported, from here)."""
-    return _start(settings, redis_url, "beat", [sys.executable, "-m", "scheduler.main", "--loglevel", "INFO"])
-
-
-def start_memory_worker(settings: Settings, redis_url: str) -> subprocess.Popen:
-    return _start(settings, redis_url, "worker-memory", [sys.executable, "-m", "workers.memory", "--concurrency", "2"])
-
-
-def beat_status(settings: Settings, redis_url: str) -> dict | None:
-    """Who holds the beat lock and since when (the hash the active beat refreshes), or None."""
-    client = redis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        active = client.hgetall(Namespace(settings.key_prefix).beat_active)
-    finally:
-        client.close()
-    return active or None
-
-
 def show_memory_runs(settings: Settings, chats: DemoChats, console: Console, timeout: float = 90.0) -> dict:
     """Follow the runs the beat created for ``chats`` until each is done or failed; print them.
 
@@ -109,22 +84,3 @@ def show_memory_runs(settings: Settings, chats: DemoChats, console: Console, tim
         return {"runs": len(runs), "done": sum(1 for r in runs if r.status == "done")}
     finally:
         engine.dispose()
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-
-
-def _start(settings: Settings, redis_url: str, name: str, args: list[str]) -> subprocess.Popen:
-    env = os.environ.copy()
-    env["LANES_STATE_DIR"] = str(settings.state_dir)
-    env["LANES_REDIS_URL"] = redis_url
-    logs = settings.state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / f"{name}.log", "ab") as log:
-        return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)

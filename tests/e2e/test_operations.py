@@ -151,6 +151,9 @@ def test_the_demo_runs_the_product_on_embedded_defaults(tmp_path):
     assert int(adaptive[3]) >= 2
     assert re.search(r"aifarm-gpu0-dialog │ 4 → \S+ → \S+ │ 6 → 3 │", out)
 
+    # The HTTP API ran beside the workers and answered with every pool.
+    assert re.search(r"admin API: http://127\.0\.0\.1:\d+/v1/pools answered 5 pools \(aifarm-embedder 8,", out), out
+
     # The beat ran: its start-up scan created the demo chats' memory runs, and all were done.
     assert re.search(r"beat: active \(\S+\); its start-up scan created 3 memory runs, 3 done", out), out
 
