@@ -26,6 +26,10 @@ ADAPTIVE_WORKFLOW = "dialog"
 VLLM = {"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 1.0, "timeout_seconds": 1.0}
 CAPACITIES = (6, 3)  # the backend's capacity before and after the change (the pool's configured width is 4)
 CHAT = {"messages": [{"role": "user", "content": "Plan my week."}], "max_tokens": 16}
+# Answers of about half a second in this step: with the mixed workload's 0.14 s ones, the
+# gap between one answer and the next request is a large share of each slot, so a scrape
+# often catches one slot between requests and "near full" is a matter of luck.
+STEP_MODEL = {"per_token_ms": 40.0}
 
 
 @dataclass
@@ -103,6 +107,7 @@ def run_adaptive_step(client, sim_url: str, step: AdaptiveStep, timeline, consol
     series = timeline.series[step.pool]
     threads = [threading.Thread(target=closed_loop, daemon=True) for _ in range(clients)]
     try:
+        admin.post(f"/admin/models/{step.model}", json=STEP_MODEL).raise_for_status()
         console.print(f"[bold]adaptive width[/]: {step.pool} runs the vllm controller from its configured "
                       f"width {step.configured}; {clients} clients keep it busy; backend capacity "
                       f"{step.capacities[0]}")
