@@ -81,14 +81,30 @@ def width_range(times: list[float], widths: list[int], start: float, end: float)
     return str(min(held)) if min(held) == max(held) else f"{min(held)}..{max(held)}"
 
 
+def _follow(series, reached, phase_seconds: float) -> tuple[float, float]:
+    """One phase: half a phase at least, on until ``reached(width)`` (three phases at most,
+    so a slow machine shows what it did rather than hang), then half a phase more.
+
+    Returns (when the width got there, the end): the window the summary reports.
+    """
+    began = time.time()
+    time.sleep(phase_seconds / 2)
+    while time.time() - began < 3 * phase_seconds and not (series.width and reached(series.width[-1])):
+        time.sleep(0.25)
+    there = time.time()
+    time.sleep(phase_seconds / 2)
+    return there, time.time()
+
+
 def run_adaptive_step(client, sim_url: str, step: AdaptiveStep, timeline, console: Console, *,
                       phase_seconds: float = 6.0, clients: int = 12) -> AdaptiveStep:
     """Keep ``step.pool`` busy; change the backend's capacity midway; record the widths.
 
     ``step.widths`` ends as [configured, before the change, after it], each
-    of the last two the range of widths the lane held over the second half
-    of its phase (the controller keeps probing a step above a capacity it
-    measured, so one instant's reading would say less).
+    of the last two the range of widths the lane held once it had got to the
+    capacity (at or above it before the change, within one step above it
+    after), over the last half phase (the controller keeps probing a step
+    above a capacity it measured, so one instant's reading would say less).
     """
     admin = httpx.Client(base_url=sim_url, timeout=5.0)
     stop = threading.Event()
@@ -114,16 +130,14 @@ def run_adaptive_step(client, sim_url: str, step: AdaptiveStep, timeline, consol
         for thread in threads:
             thread.start()
         with console.status(f"{step.pool}: following capacity {step.capacities[0]}"):
-            time.sleep(phase_seconds)
-        step.changed_at = time.time()
-        before = width_range(series.times, series.width, step.changed_at - phase_seconds / 2, step.changed_at)
+            reached, step.changed_at = _follow(series, lambda w: w >= step.capacities[0], phase_seconds)
+        before = width_range(series.times, series.width, reached, step.changed_at)
         admin.post(f"/admin/models/{step.model}", json={"capacity": step.capacities[1]}).raise_for_status()
         console.print(f"capacity of {step.model} changed {step.capacities[0]} -> {step.capacities[1]} "
                       f"through the simulator's admin endpoint (width then {series.width[-1]})")
         with console.status(f"{step.pool}: following capacity {step.capacities[1]}"):
-            time.sleep(phase_seconds)
-        ended = time.time()
-        after = width_range(series.times, series.width, ended - phase_seconds / 2, ended)
+            reached, ended = _follow(series, lambda w: w <= step.capacities[1] + 1, phase_seconds)
+        after = width_range(series.times, series.width, reached, ended)
         step.widths = [step.configured, before, after]
     finally:
         stop.set()
