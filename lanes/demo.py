@@ -1,10 +1,18 @@
 """The product's main job on embedded defaults, end to end.
 
 Starts (or attaches to) the embedded Redis, applies the example fleet to the
-catalog, serves it with the simulator, runs a worker per fleet, sends a mixed
-workload (interactive, user tool, background) and prints, per pool, how many
-requests it served, how long they waited in its lane, how often it was passed
-over, and the highest concurrency the simulated backend saw against the width.
+catalog with the ``vllm`` controller turned on for the dialog pool, serves it
+with the simulator, runs a worker per fleet, the beat, a memory worker and
+the HTTP API, sends a mixed workload (interactive, user tool, background),
+then keeps the dialog pool busy while its simulated backend's capacity changes midway, and
+prints, per pool, how many requests it served, how long they waited in its
+lane, how often it was passed over, its configured width and the width over
+time against the backend's capacity, the highest concurrency the simulated
+backend saw against the width, the memory runs the beat created, and the
+path of a PNG plot of it all.
+
+A default port another program holds (the simulator's, the embedded
+Redis's, the API's) is replaced by a free one, and the summary says so.
 """
 
 from __future__ import annotations
@@ -12,26 +20,29 @@ from __future__ import annotations
 import os
 import random
 import signal
-import statistics
 import subprocess
 import sys
 import time
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from lanes.catalog import apply_document, load_routing, open_catalog, read_document
 from lanes.celery_client import HOSTED_FLEET
-from lanes.embedded import EmbeddedRedis
+from lanes.demo_control import ADAPTIVE_POOL, CAPACITIES, AdaptiveStep, move_port, run_adaptive_step, with_controller
+from lanes.demo_plot import Timeline
+from lanes import demo_services as services
+from lanes.demo_report import DemoReport, print_report, summarise
+from lanes.demo_report import plot as plot_demo
+from lanes.embedded import EmbeddedRedis, free_port, port_free
 from lanes.errors import InvalidInput
+from lanes.memory import demo as memory_demo
 from lanes.priority import Priority
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.client import LanesClient
-from lanes.routing.events import EventLog
 from lanes.settings import Settings
 
 EXAMPLE_CATALOG = Path(__file__).resolve().parent.parent / "examples" / "aifarm.toml"
@@ -67,65 +78,138 @@ class Submitted:
     seconds: float = 0.0
 
 
-@dataclass
-class DemoReport:
-    pools: list[dict] = field(default_factory=list)
-    priorities: dict[str, dict] = field(default_factory=dict)
-    failures: int = 0
-    over_admitted: bool = False
-
-
 def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = None, seed: int = 7,
-             console: Console | None = None) -> DemoReport:
+             console: Console | None = None, plot: Path | None = None,
+             phase_seconds: float = 6.0) -> DemoReport:
     console = console or Console(width=100)
     catalog = catalog or _example_catalog()
     document = read_document(catalog)  # a bad file fails here, before anything starts
+    plot = _writable_plot_path(plot or settings.state_dir / "demo.png")  # and so does a plot path it cannot write
+    report = DemoReport()
+    adaptive = with_controller(document)
+    sim_port = _simulator_port(document, report)
     with ExitStack() as cleanup:  # whatever fails, everything started is stopped
         started_redis = not settings.redis_url and not _embedded_running(settings)
+        if started_redis:
+            _move_taken_redis_port(settings, report)
         redis_url = resolve_redis_url(settings)
         if started_redis:
             cleanup.callback(EmbeddedRedis(settings.state_dir / "redis").stop)
         console.print(f"[bold]Lanes demo[/] · Redis {redis_url} · catalog {settings.catalog_url()}")
+        for moved in report.moved_ports:
+            console.print(f"[yellow]default port taken[/]: {moved}")
 
         engine = open_catalog(settings)
         cleanup.callback(engine.dispose)
         changes = apply_document(engine, document)
         table = load_routing(engine)
         console.print(f"applied {catalog.name}: {len(table.pools)} pools, {len(table.models)} models, "
-                      f"{len(table.workflows)} workflows ({len(changes.changes)} changes)")
+                      f"{len(table.workflows)} workflows ({len(changes.changes)} changes)"
+                      + (f"; vllm controller on {ADAPTIVE_POOL}" if adaptive else ""))
         _provision(settings, redis_url, table, started_redis or not changes.empty)
+        # Before the beat starts: its start-up scan creates these chats' memory runs.
+        chats = memory_demo.ingest_demo_chats(settings)
 
-        sim = _simulator(catalog)
+        sim = _simulator(catalog, sim_port, adaptive=adaptive)
         cleanup.callback(sim.stop)
         console.print(f"simulator serving {len(sim.stats())} models at {sim.url}")
 
         fleets = sorted({r.fleet or HOSTED_FLEET for r in table.workflows.values() if r.candidates})
         workers = _start_workers(settings, fleets)
         cleanup.callback(_stop_workers, workers)
+        memory_worker = services.start_memory_worker(settings, redis_url)
+        cleanup.callback(services.stop, memory_worker)
+        beat = services.start_beat(settings, redis_url)
+        cleanup.callback(services.stop, beat)
+        # The admin and submit HTTP API, beside the workers and the beat.
+        port, taken = services.api_port()
+        if taken is not None:
+            report.moved_ports.append(f"admin API {taken} -> {port}")
+        api = services.start_api(settings, redis_url, port)
+        cleanup.callback(services.stop, api)
         client = LanesClient(settings, redis_url=redis_url)
         cleanup.callback(client.close)
 
         _wait_for_workers(client, fleets, console)
+        api_url = f"http://127.0.0.1:{port}"
+        if services.wait_for_api(api_url, api):
+            report.api_url = api_url
+            console.print(f"admin API at {api_url} (OpenAPI at {api_url}/docs)")
+        adaptive_model = _adaptive_model(table) if adaptive else None
+        timeline = Timeline(settings, redis_url, table, capacity=(
+            (lambda: sim.stats()[adaptive_model]["capacity"]) if adaptive_model else None)).start()
+        cleanup.callback(timeline.stop)
         since = time.time()
         submitted = run_workload(client, requests, seed, console)
-        report = _summarise(settings, redis_url, table, sim.stats(), submitted, since)
-        _print_report(report, console)
-
-        from lanes.memory.demo import show_memory_runs
-
-        if not show_memory_runs(settings, redis_url, client, console):
-            report.failures += 1
+        if adaptive_model:
+            pool = table.pools[ADAPTIVE_POOL]
+            report.adaptive = run_adaptive_step(
+                client, sim.url, AdaptiveStep(ADAPTIVE_POOL, adaptive_model, pool.width, CAPACITIES),
+                timeline, console, phase_seconds=phase_seconds)
+        report.memory_runs = memory_demo.show_memory_runs(settings, chats, console)
+        report.beat = services.beat_status(settings, redis_url)
+        if report.api_url:
+            report.api_pools = services.api_pools(report.api_url)
+        timeline.stop()
+        summarise(report, settings, redis_url, table, sim.stats(), submitted, since)
+        report.plot = plot_demo(report, timeline, plot)
+        print_report(report, console)
         return report
 
 
-def _simulator(catalog: Path):
+def _writable_plot_path(path: Path) -> Path:
+    if path.is_dir():
+        raise InvalidInput(f"--plot {path}: is a folder; name a file such as {path / 'demo.png'}")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise InvalidInput(f"--plot {path}: cannot create its folder {path.parent}: {exc.strerror or exc}; "
+                           "name a file in a folder you can write") from None
+    return path
+
+
+def _simulator_port(document: dict, report: DemoReport) -> int:
+    """The port the catalog's simulated models name, or a free one (rewriting the document) when it is taken."""
+    from urllib.parse import urlsplit
+
+    ports = sorted({urlsplit(m["base_url"]).port for m in document.get("models", [])
+                    if m.get("base_url", "").startswith("http://127.0.0.1:")})
+    wanted = ports[0] if ports else 8700
+    if port_free(wanted):
+        return wanted
+    moved = move_port(document, wanted)
+    report.moved_ports.append(f"simulator {wanted} -> {moved}")
+    return moved
+
+
+def _move_taken_redis_port(settings: Settings, report: DemoReport) -> None:
+    """The embedded Redis keeps one port per state folder; the demo picks a new one when another program holds it."""
+    server = EmbeddedRedis(settings.state_dir / "redis")
+    recorded = server.port
+    if recorded is not None and not port_free(recorded):
+        new = free_port()
+        EmbeddedRedis(settings.state_dir / "redis", port=new).ensure()
+        report.moved_ports.append(f"embedded Redis {recorded} -> {new}")
+
+
+def _adaptive_model(table) -> str | None:
+    return next((m.name for m in sorted(table.models.values(), key=lambda m: m.name)
+                 if m.pool and m.pool.name == ADAPTIVE_POOL), None)
+
+
+def _simulator(catalog: Path, port: int, *, adaptive: bool):
     from lanes.sim import SimModel, Simulator, catalog_models
 
-    # Short service times so the whole demo takes well under a minute.
-    template = SimModel(name="_", ttft_ms=40.0, per_token_ms=8.0, tokens=12, embedding_ms=30.0)
+    # Short service times so the whole demo takes well under a minute; gauges
+    # visible 1 s after each engine step, so the controller has something to follow.
+    template = SimModel(name="_", ttft_ms=40.0, per_token_ms=8.0, tokens=12, embedding_ms=30.0, metrics_lag_s=1.0)
     served = catalog_models(catalog, template).models
-    ports = sorted({m.port for m in served if m.port is not None})
-    return Simulator(served, host="127.0.0.1", port=ports[0] if ports else 8700).start()
+    catalog_ports = {m.port for m in served if m.port is not None}
+    # Every model of the catalog's port is served on the demo's port (the same one unless it was taken).
+    served = [replace(m, port=None) if m.port in catalog_ports else m for m in served]
+    if adaptive:  # the controlled pool's backend starts at a capacity the controller is not told
+        served = [replace(m, capacity=CAPACITIES[0]) if m.device == ADAPTIVE_POOL else m for m in served]
+    return Simulator(served, host="127.0.0.1", port=port).start()
 
 
 def _example_catalog() -> Path:
@@ -158,6 +242,10 @@ def _start_workers(settings: Settings, fleets: list[str]) -> list[subprocess.Pop
     env["LANES_STATE_DIR"] = str(settings.state_dir)
     if settings.redis_url:
         env["LANES_REDIS_URL"] = settings.redis_url
+    # The dialog pool's controller may take it above its configured width: with no memory
+    # gate the workers would fail closed and hold it at the configured width (README,
+    # "Memory gate"). Where the cgroup has no limit the gate reads nothing and never blocks.
+    env.setdefault("LANES_MEMORY_GATE_HIGH", "0.9")
     logs = settings.state_dir / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     procs = []
@@ -256,73 +344,3 @@ def _collect_answers(submitted: list[Submitted], progress: Progress, bars: dict)
             s.done, s.ok = True, s.result.successful()
             s.seconds = time.monotonic() - s.started
             progress.advance(bars[s.priority])
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    if len(values) == 1:
-        return values[0]
-    return statistics.quantiles(values, n=100, method="inclusive")[q - 1]
-
-
-def _summarise(settings, redis_url, table, sim_stats, submitted, since) -> DemoReport:
-    client = connect(redis_url)
-    try:
-        log = EventLog(client, prefix=settings.key_prefix)
-        waits = log.list(kind="lane_wait", since=since, limit=100_000)
-        bypasses = log.list(kind="lane_bypass", since=since, limit=100_000)
-    finally:
-        client.close()
-    report = DemoReport()
-    for pool in sorted(table.pools.values(), key=lambda p: p.name):
-        pool_waits = [e.detail.get("wait_ms", 0.0) for e in waits if e.pool == pool.name]
-        models = [m.name for m in table.models.values() if m.pool and m.pool.name == pool.name]
-        seen = max((sim_stats[m]["device_max_in_flight"] for m in models if m in sim_stats), default=0)
-        report.pools.append({
-            "pool": pool.name,
-            "width": pool.width,
-            "requests": len(pool_waits),
-            "wait_p50_ms": _percentile(pool_waits, 50),
-            "wait_p95_ms": _percentile(pool_waits, 95),
-            "bypasses": sum(1 for e in bypasses if e.pool == pool.name),
-            "max_concurrency": seen,
-        })
-        report.over_admitted |= seen > pool.width
-    for p in Priority:
-        mine = [s for s in submitted if s.priority is p]
-        times = [s.seconds for s in mine if s.ok]
-        report.priorities[p.label] = {
-            "requests": len(mine),
-            "ok": len(times),
-            "p50_s": _percentile(times, 50),
-            "p95_s": _percentile(times, 95),
-        }
-    report.failures = sum(1 for s in submitted if not s.ok)
-    return report
-
-
-def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.0f}" if isinstance(value, float) else str(value)
-
-
-def _print_report(report: DemoReport, console: Console) -> None:
-    pools = Table(title="per pool (waits in ms; peak = highest concurrency the backend saw)")
-    pools.add_column("pool", no_wrap=True)
-    for column in ("width", "reqs", "wait p50", "wait p95", "bypass", "peak"):
-        pools.add_column(column, justify="right", no_wrap=True)
-    for row in report.pools:
-        flag = "" if row["max_concurrency"] <= row["width"] else " [red]OVER WIDTH[/]"
-        pools.add_row(row["pool"], str(row["width"]), str(row["requests"]), _fmt(row["wait_p50_ms"]),
-                      _fmt(row["wait_p95_ms"]), str(row["bypasses"]), f"{row['max_concurrency']}{flag}")
-    console.print(pools)
-    prios = Table(title="per priority (submit to answer)")
-    for column in ("priority", "requests", "ok", "p50 s", "p95 s"):
-        prios.add_column(column)
-    for label, row in report.priorities.items():
-        prios.add_row(label, str(row["requests"]), str(row["ok"]),
-                      "-" if row["p50_s"] is None else f"{row['p50_s']:.2f}",
-                      "-" if row["p95_s"] is None else f"{row['p95_s']:.2f}")
-    console.print(prios)
-    verdict = "no backend ever saw more than its width" if not report.over_admitted else "a backend saw more than its width"
-    console.print(f"{report.failures} failed · {verdict}")

@@ -138,7 +138,7 @@ class EmbeddedRedis:
 
     def _start(self, wait_seconds: float) -> str:
         port = self._wanted_port or self.port or free_port()
-        if not _port_free(port):
+        if not port_free(port):
             raise RedisUnavailable(
                 f"port {port}, the embedded Redis address of state folder {self.folder.parent}, is taken by "
                 f"another program; stop it, or delete {self._port_file} to choose a new port"
@@ -196,7 +196,7 @@ class EmbeddedRedis:
                 time.sleep(0.01)
 
 
-def _port_free(port: int) -> bool:
+def port_free(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         # redis-server binds with SO_REUSEADDR too: a port in TIME_WAIT is free.
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

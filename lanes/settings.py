@@ -131,6 +131,10 @@ class Settings(BaseSettings):
     # configured one fail closed (the pool runs at its configured width).
     memory_gate_high: float | None = Field(default=None, gt=0, le=1)
     memory_gate_low: float | None = Field(default=None, gt=0, le=1)
+    # The cgroup folder the gate reads (memory.current/memory.max, or v1's
+    # memory/ files). Default: this process's own, /sys/fs/cgroup. Set it to
+    # read a container's cgroup mounted elsewhere.
+    memory_gate_cgroup: Path | None = Field(default=None, description="cgroup folder the memory gate reads")
 
     # Memory runs and the beat (see README "Memory runs").
     memory_retention_days: int = Field(default=7, ge=1, le=366, description="days of history the full scan covers")

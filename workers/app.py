@@ -32,7 +32,7 @@ from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
 from workers.in_flower import LaneEventSender, LanesInfo
-from workers.memgate import MemoryGate, MemoryGateWatcher
+from workers.memgate import CGROUP, MemoryGate, MemoryGateWatcher, cgroup_memory
 from workers.metrics import MetricsEndpoint
 from workers.presence import PresenceHeartbeat
 from workers.runs import RunLeases
@@ -56,7 +56,8 @@ class WorkerContext:
         # The memory gate: with it, controllers may raise widths (fleets are sized from the ceiling).
         self.memory = None
         if settings.memory_gate_high is not None:
-            gate = MemoryGate(settings.memory_gate_high, settings.memory_gate_low)
+            root = settings.memory_gate_cgroup or CGROUP
+            gate = MemoryGate(settings.memory_gate_high, settings.memory_gate_low, read=lambda: cgroup_memory(root))
             if gate.enabled:
                 self.memory = MemoryGateWatcher(gate, [], in_flight=lambda: len(self.cancels)).start()
         # More listeners of the walker for this worker (Flower's lane events).
@@ -97,6 +98,11 @@ class MemoryGateHandle(bootsteps.StartStopStep):
         memory = c.app.lanes_context.memory
         if memory is not None:
             memory.attach(c, background=c.blueprint.steps.get(BackgroundConsumer.name))
+
+    def info(self, c) -> dict:
+        # Shown by `celery inspect stats` and on Flower's worker page.
+        memory = c.app.lanes_context.memory
+        return {} if memory is None else {"memory_gate": memory.info()}
 
 
 def create_app(

@@ -115,11 +115,21 @@ class MemoryGate:
                 state.engagements += 1
                 state.in_flight_at_gate = in_flight
                 log.warning("memory gate engaged at %.0f%% of the limit with %d in flight", ratio * 100, in_flight)
-        elif ratio < self.low or in_flight <= self.drain_fraction * (state.in_flight_at_gate or 0):
+        elif ratio < self.low or self._drained(in_flight):
             state.engaged = False
             log.info("memory gate released at %.0f%% with %d in flight", ratio * 100, in_flight)
         memory_gate(state.engaged, ratio)
         return not state.engaged
+
+    def _drained(self, in_flight: int) -> bool:
+        """In-flight work fell to ``drain_fraction`` of its level at engagement.
+
+        Only when there was work at engagement: an idle worker whose memory is
+        high has nothing to drain, and releasing it at once would open and shut
+        the gate on every poll.
+        """
+        at_gate = self.state.in_flight_at_gate or 0
+        return at_gate > 0 and in_flight <= self.drain_fraction * at_gate
 
 
 class MemoryGateWatcher:
@@ -141,6 +151,7 @@ class MemoryGateWatcher:
         self.consumer = None
         self.background = None  # the worker's BackgroundConsumer step, switched with the rest
         self._paused = False
+        self.applied = False  # whether the consumer was last switched off (what the worker really does)
         self._stop = threading.Event()
 
     def start(self) -> "MemoryGateWatcher":
@@ -172,6 +183,7 @@ class MemoryGateWatcher:
         consumer, paused = self.consumer, self._paused
         if consumer is None:
             return
+        self.applied = paused
         for queue in self.queues:
             if paused:
                 consumer.cancel_task_queue(queue)
@@ -179,6 +191,13 @@ class MemoryGateWatcher:
                 consumer.add_task_queue(queue)
         if self.background is not None:
             self.background.pause() if paused else self.background.resume()
+
+    def info(self) -> dict:
+        """The gate as ``celery inspect stats`` and Flower's worker page show it."""
+        state = self.gate.state
+        return {"high": self.gate.high, "low": self.gate.low, "ratio": state.last_ratio,
+                "engaged": state.engaged, "consuming": not self.applied, "engagements": state.engagements,
+                "in_flight_at_gate": state.in_flight_at_gate}
 
     def stop(self) -> None:
         self._stop.set()

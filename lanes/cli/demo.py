@@ -14,11 +14,14 @@ from lanes.cli.common import pass_settings
               help="How many requests the mixed workload sends.")
 @click.option("--catalog", type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Catalog file to apply and simulate (default: examples/aifarm.toml).")
+@click.option("--plot", type=click.Path(dir_okay=False, path_type=Path),
+              help="Where to write the PNG plot (default: demo.png in the state folder).")
 @pass_settings
-def command(settings, requests, catalog) -> None:
-    """Apply the example fleet, simulate it, run a worker per fleet and a mixed workload."""
+def command(settings, requests, catalog, plot) -> None:
+    """Apply the example fleet, simulate it, run a worker per fleet, the beat and a mixed workload;
+    change the dialog backend's capacity midway and plot the widths."""
     from lanes.demo import run_demo
 
-    report = run_demo(settings, requests=requests, catalog=catalog)
+    report = run_demo(settings, requests=requests, catalog=catalog, plot=plot)
     if report.over_admitted or report.failures:
         raise SystemExit(1)

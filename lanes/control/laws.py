@@ -169,13 +169,16 @@ def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
             return _hold(width, f"saturated ({why}) with {running} running, at or above the width")
         memo["measured"], memo["failed"] = target, width
         return Proposal(target, "cut", f"saturated ({why}); cut to the {running} running")
-    if g.running >= params["near_full"] * width and g.waiting <= params["waiting_threshold"]:
+    # Near full by the gauges *and* by the lane's own count: the gauges lag dispatch by
+    # seconds, so a scrape can still show the lane's last burst after it has emptied.
+    near_full = params["near_full"] * width
+    if g.running >= near_full and s.in_flight >= near_full and g.waiting <= params["waiting_threshold"]:
         target, grow_why = _grow(width, memo, 1 + params["growth_fraction"], params["probe_fraction"])
         target = bounds.clamp(target)
         if target <= width:
             return _hold(width, "at the ceiling")
         return Proposal(target, "grow", f"{g.running:g} running of {width}; {grow_why}")
-    return _hold(width, f"{g.running:g} running of {width}: not near full")
+    return _hold(width, f"{g.running:g} running of {width} ({s.in_flight} in flight): not near full")
 
 
 def utilisation_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:

@@ -128,7 +128,8 @@ class ControlLoop:
         if changed:
             width_changed(pool.name, composed.controller or composed.decision, old, composed.width)
             self.events.record("width_change", pool=pool.name, controller=composed.controller or composed.decision,
-                               old=old, new=composed.width, reason=composed.reason, generation=generation)
+                               old=old, new=composed.width, reason=composed.reason, generation=generation,
+                               leader=lease)
         return composed
 
     def forget(self, pool_id: int) -> None:

@@ -1,29 +1,28 @@
-"""The demo's memory step: a few chats' history, their memory runs created and completed.
+"""The demo's memory step: a few chats' history, the beat creating their memory runs, the runs completed.
 
-Run after the demo's workload, on the same Redis, catalog and simulator: it
-ingests three short chats in the last completed hour, starts the memory
-workers, runs the hourly enqueue and follows the runs to ``done``.
+Before the fleet starts, the demo ingests three short chats in the last
+completed hour (:func:`ingest_demo_chats`), then starts ``lanes beat`` and a
+memory worker beside the fleet workers (:mod:`lanes.demo_services`). The beat, once it holds its lock,
+runs its start-up scan: it finds those chat hours without a run, creates the
+runs and sends them to the memory worker, whose extraction goes through the
+lanes at background priority while the rest of the demo runs.
+:func:`show_memory_runs` follows them to ``done`` and prints them.
 """
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import time
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from rich.console import Console
 from rich.table import Table
 
 from lanes.clock import SystemClock
-from lanes.memory.dispatch import enqueue_and_dispatch
 from lanes.memory.history import add_messages
 from lanes.memory.hours import hour_start
-from lanes.memory.runs import get_run, notes_of
+from lanes.memory.runs import list_runs, notes_of
 from lanes.memory.schema import open_memory
-from lanes.routing.client import LanesClient
 from lanes.settings import Settings
 
 CHATS = {
@@ -33,65 +32,55 @@ CHATS = {
 }
 
 
-def show_memory_runs(settings: Settings, redis_url: str, client: LanesClient, console: Console,
-                     timeout: float = 90.0) -> bool:
-    """Ingest, enqueue, run; print the runs and a note per chat. True when every run is done."""
+@dataclass(frozen=True)
+class DemoChats:
+    chat_ids: list[str]
+    hour: datetime
+    messages: int
+
+
+def ingest_demo_chats(settings: Settings) -> DemoChats:
+    """Add the demo's chats to the history, in the last completed hour, under ids new to this run."""
     engine = open_memory(settings)
-    now = SystemClock().now()
-    hour = hour_start(now) - timedelta(hours=1)  # the last completed hour
-    stamp = now.strftime("%H%M%S")
-    messages = []
-    for name, lines in CHATS.items():
-        for i, text in enumerate(lines):
-            messages.append({"chat_id": f"{name}-{stamp}", "at": hour + timedelta(minutes=10 + 5 * i),
-                             "role": "user", "text": text})
-            messages.append({"chat_id": f"{name}-{stamp}", "at": hour + timedelta(minutes=12 + 5 * i),
-                             "role": "assistant", "text": "Noted."})
-    add_messages(engine, messages)
-    console.print(f"[bold]memory runs[/]: {len(messages)} messages in {len(CHATS)} chats, hour {hour:%H:00} UTC")
-    worker = _start_memory_worker(settings, redis_url)
     try:
-        result, _ = enqueue_and_dispatch(engine, client.celery, settings, now=now, full=False)
-        runs = [run for run in result.created if run.chat_id.endswith(stamp)]
-        console.print(f"hourly enqueue created {len(result.created)} runs; following them through the lanes")
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            states = [get_run(engine, run.id) for run in runs]
-            if all(s.status in ("done", "failed") for s in states):
-                break
-            time.sleep(0.3)
-        table = Table(title="memory runs (background priority, memory_extraction)")
-        for column in ("chat", "hour (UTC)", "status", "attempts", "notes", "first note"):
-            table.add_column(column)
-        all_done = True
-        for run in runs:
-            state = get_run(engine, run.id)
-            notes = notes_of(engine, run.chat_id, run.hour)
-            all_done &= state.status == "done"
-            table.add_row(run.chat_id, f"{run.hour:%Y-%m-%d %H:00}", state.status, str(state.attempts),
-                          str(len(notes)), notes[0]["text"] if notes else "")
-        console.print(table)
-        return all_done
+        now = SystemClock().now()
+        hour = hour_start(now) - timedelta(hours=1)
+        stamp = now.strftime("%H%M%S")
+        messages = []
+        for name, lines in CHATS.items():
+            for i, text in enumerate(lines):
+                messages.append({"chat_id": f"{name}-{stamp}", "at": hour + timedelta(minutes=10 + 5 * i),
+                                 "role": "user", "text": text})
+                messages.append({"chat_id": f"{name}-{stamp}", "at": hour + timedelta(minutes=12 + 5 * i),
+                                 "role": "assistant", "text": "Noted."})
+        add_messages(engine, messages)
+        return DemoChats([f"{name}-{stamp}" for name in CHATS], hour, len(messages))
     finally:
-        _stop(worker)
         engine.dispose()
 
 
-def _start_memory_worker(settings: Settings, redis_url: str) -> subprocess.Popen:
-    env = os.environ.copy()
-    env["LANES_STATE_DIR"] = str(settings.state_dir)
-    env["LANES_REDIS_URL"] = redis_url
-    logs = settings.state_dir / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "worker-memory.log", "ab") as log:
-        return subprocess.Popen([sys.executable, "-m", "workers.memory", "--concurrency", "2"],
-                                env=env, stdout=log, stderr=subprocess.STDOUT)
+def show_memory_runs(settings: Settings, chats: DemoChats, console: Console, timeout: float = 90.0) -> dict:
+    """Follow the runs the beat created for ``chats`` until each is done or failed; print them.
 
-
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
+    Returns ``{"runs": n, "done": n}``.
+    """
+    engine = open_memory(settings)
     try:
-        proc.wait(40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        deadline = time.monotonic() + timeout
+        while True:
+            runs = [run for chat in chats.chat_ids for run in list_runs(engine, chat_id=chat)]
+            finished = len(runs) == len(chats.chat_ids) and all(r.status in ("done", "failed") for r in runs)
+            if finished or time.monotonic() > deadline:
+                break
+            time.sleep(0.3)
+        table = Table(title="memory runs the beat created (background priority, memory_extraction)")
+        for column in ("chat", "hour (UTC)", "status", "attempts", "notes", "first note"):
+            table.add_column(column)
+        for run in runs:
+            notes = notes_of(engine, run.chat_id, run.hour)
+            table.add_row(run.chat_id, f"{run.hour:%Y-%m-%d %H:00}", run.status, str(run.attempts),
+                          str(len(notes)), notes[0]["text"] if notes else "")
+        console.print(table)
+        return {"runs": len(runs), "done": sum(1 for r in runs if r.status == "done")}
+    finally:
+        engine.dispose()

@@ -110,6 +110,12 @@ def test_near_full_grows_and_a_low_load_holds():
     assert vllm_law(low, Bounds(1, 512), VLLM, {}).decision == "hold"
 
 
+def test_gauges_that_still_show_a_burst_the_lane_has_finished_never_grow_it():
+    # The scrape lags dispatch: 9 of 10 running a moment ago, nothing in flight now.
+    lagging = Signals(width=10, in_flight=0, waiting=0, gauges=gauges(9))
+    assert vllm_law(lagging, Bounds(1, 512), VLLM, {}).decision == "hold"
+
+
 def test_without_the_capacity_gauge_waiting_above_the_threshold_or_a_full_kv_cache_is_saturation():
     legacy = Gauges(ok=True, running=8, waiting=3, waiting_capacity=None, kv_usage=0.7)
     assert vllm_law(Signals(width=12, in_flight=12, waiting=0, gauges=legacy), WIDE, VLLM, {}).width == 8

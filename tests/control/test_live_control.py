@@ -112,6 +112,9 @@ def test_the_width_follows_the_backends_capacity_and_a_second_worker_takes_over(
         new_leader = eventually(lambda: (l := control.leader(pool_id)) and l != leader and l, timeout=20,
                                 interval=0.1, what="a new leader")
         assert int(new_leader.rsplit("|", 1)[1]) > int(leader.rsplit("|", 1)[1])  # a higher fence
+        # A lease lapses within two intervals (1 s each here) of its last renewal.
+        lease_ms = redis.Redis.from_url(dep.redis_url).pttl(Namespace(dep.settings.key_prefix).control_leader(pool_id))
+        assert 0 < lease_ms <= 2000
 
         # It keeps deciding: the backend shrinks to 3 and the width follows.
         dep.sim.configure("m", capacity=3)
@@ -129,10 +132,15 @@ def test_the_width_follows_the_backends_capacity_and_a_second_worker_takes_over(
         second.send_signal(signal.SIGTERM)
         second.wait(60)
     assert not load.errors, load.errors[:3]
-    changes = dep.client_events(kind="width_change")
+    changes = sorted(dep.client_events(kind="width_change"), key=lambda e: e.time)
     assert changes and all(e.pool == "gpu" for e in changes)
+    assert all(1 <= e.detail["new"] <= 16 for e in changes)  # within [floor, ceiling]
     assert any(e.detail["new"] > e.detail["old"] for e in changes)
     assert any(e.detail["new"] < e.detail["old"] for e in changes)
+    # No two leaders acted in one interval: in time order, the fences of the leases that made
+    # the changes never go back (once a newer leader acted, no older one did again).
+    fences = [int(e.detail["leader"].rsplit("|", 1)[1]) for e in changes]
+    assert fences == sorted(fences) and len(set(fences)) >= 2, fences
 
 
 def test_turning_the_controller_off_restores_the_configured_width_at_once(dep, tmp_path):

@@ -93,7 +93,7 @@ def test_a_burst_of_stale_overload_answers_costs_exactly_one_cut(setup):
     assert state.width == 8 and state.stale_overloads == 1000 and state.rejections == {"529": 2000}
     assert [e for e in events.events if e[0] == "width_change"] == [
         ("width_change", {"pool": "gpu", "controller": "overload", "old": 10, "new": 8,
-                          "reason": first.reason, "generation": generation + 1})]
+                          "reason": first.reason, "generation": generation + 1, "leader": lease})]
     assert rt.lane(pool).stats().width == 8
 
 
@@ -152,6 +152,23 @@ def test_a_controller_that_may_exceed_the_configured_width_without_a_memory_gate
         composed = tick(rt, loop, clock, lease)
     assert composed.decision == "fail_closed" and rt.lane(pool).stats().width == 10
     assert any(r.levelname == "CRITICAL" and "memory gate" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("high, low, gated", [(None, None, False), (0.9, None, True), (0.9, 0.7, True),
+                                               (0.8, 0.9, False)])
+def test_a_worker_without_a_sensible_memory_gate_runs_its_controllers_failing_closed(
+        make_settings, one_redis_url, high, low, gated):
+    # What a worker's runtime starts with: the gate settings decide, as the worker's own gate does.
+    settings = make_settings(redis_url=one_redis_url, memory_gate_high=high, memory_gate_low=low)
+    engine = open_catalog(settings)
+    apply_document(engine, document(OVERLOAD))
+    rt = Runtime(settings, redis_url=one_redis_url, engine=engine)
+    try:
+        loop = rt.start_steward().loop
+        assert loop.memory_gated is gated
+        assert loop.fails_closed(rt.table().pools["gpu"]) is not gated  # ceiling 100 above width 10
+    finally:
+        rt.close()
 
 
 def test_off_means_off_and_an_operators_width_restarts_the_controllers(setup):

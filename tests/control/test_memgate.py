@@ -48,6 +48,15 @@ def test_releases_once_in_flight_drained_to_a_fraction_of_its_level_at_engagemen
     assert g.update(10) is True
 
 
+def test_an_idle_worker_above_the_high_mark_stays_gated_until_memory_falls():
+    # Nothing in flight at engagement: there is nothing to drain, so only the low mark releases.
+    g, source = gate(0.95)
+    assert g.update(0) is False
+    assert g.update(0) is False and g.state.engagements == 1
+    source.ratio = 0.69
+    assert g.update(0) is True
+
+
 def test_an_unreadable_source_never_blocks():
     g, source = gate(0.95)
     g.update(20)

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import redis
@@ -95,15 +98,80 @@ def test_worker_lists_the_fleets(dep):
     assert listed["fleet"] == "gpu" and [w.split("@")[0] for w in listed["workers"]] == ["gpu"]
 
 
+def _hold_port(port: int = 0) -> socket.socket | None:
+    """A listening socket on ``port`` (0: any), or None when another program already holds it."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # a port left in TIME_WAIT is still free
+    try:
+        sock.bind(("127.0.0.1", port))
+    except OSError:
+        sock.close()
+        return None
+    sock.listen()
+    return sock
+
+
+def _range(text: str) -> tuple[int, int]:
+    low, _, high = text.partition("..")
+    return int(low), int(high or low)
+
+
 def test_the_demo_runs_the_product_on_embedded_defaults(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_")}
     env["LANES_STATE_DIR"] = str(tmp_path / "state")
-    done = subprocess.run([sys.executable, "-m", "lanes.cli", "demo", "--requests", "40"], env=env,
-                          capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    # Both default ports taken: the simulator's (the example fleet's 8700, unless another
+    # program holds it already) and the embedded Redis's recorded one.
+    sim_holder, redis_holder = _hold_port(8700), _hold_port()
+    taken_redis = redis_holder.getsockname()[1]
+    (tmp_path / "state" / "redis").mkdir(parents=True)
+    (tmp_path / "state" / "redis" / "redis.port").write_text(str(taken_redis))
+    try:
+        done = subprocess.run([sys.executable, "-m", "lanes.cli", "demo", "--requests", "40"], env=env,
+                              capture_output=True, text=True, timeout=200, cwd=tmp_path)
+    finally:
+        for holder in (sim_holder, redis_holder):
+            if holder is not None:
+                holder.close()
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "0 failed" in done.stdout and "no backend ever saw more than its width" in done.stdout
+    out = " ".join(done.stdout.split())  # rich wraps long lines
+    assert "0 failed" in out and "no backend ever saw more than its width" in out
     for pool in ("aifarm-gpu0-dialog", "aifarm-gpu2-utility", "aifarm-gpu1-media", "aifarm-embedder"):
-        assert pool in done.stdout
+        assert pool in out
+    assert re.search(r"default port taken: simulator 8700 -> \d+", out)
+    assert re.search(rf"default port taken: embedded Redis {taken_redis} -> \d+", out)
+
+    # The dialog pool's controller followed its backend: up from the configured 4 towards the
+    # capacity of 6, then down after the capacity fell to 3 midway (a probe one step above it allowed).
+    adaptive = re.search(r"adaptive: aifarm-gpu0-dialog started at its configured width 4, held (\S+) while its "
+                         r"backend's capacity was 6 and (\S+) after it changed to 3 \((\d+) width changes", out)
+    assert adaptive, out
+    before, after = _range(adaptive[1]), _range(adaptive[2])
+    assert before[0] >= 5 and before[1] <= 8, before
+    assert after[0] <= 4 and after[1] <= 5, after
+    assert int(adaptive[3]) >= 2
+    assert re.search(r"aifarm-gpu0-dialog │ 4 → \S+ → \S+ │ 6 → 3 │", out)
+
+    # The HTTP API ran beside the workers and answered with every pool.
+    assert re.search(r"admin API: http://127\.0\.0\.1:\d+/v1/pools answered 5 pools \(aifarm-embedder 8,", out), out
+
+    # The beat ran: its start-up scan created the demo chats' memory runs, and all were done.
+    assert re.search(r"beat: active \(\S+\); its start-up scan created 3 memory runs, 3 done", out), out
+
+    # The plot: a real PNG with something drawn on it.
+    plot = Path(re.search(r"plot: (\S+\.png)", out)[1])
+    assert plot == tmp_path / "state" / "demo.png"
+    data = plot.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 20_000
+    from matplotlib.image import imread
+
+    pixels = imread(plot)
+    height, width = pixels.shape[:2]
+    assert height > 300 and width > 500
+    ink = (pixels[..., :3] < 0.9).any(axis=-1).mean()  # share of pixels that are not near white
+    assert ink > 0.02
+    colours = {tuple(p) for p in (pixels[::7, ::7, :3] * 255).astype(int).reshape(-1, 3)}
+    assert len(colours) > 20  # lines of several colours, text and axes: not a blank or one-colour image
+
     # The demo stops the embedded Redis it started.
     from lanes.embedded import EmbeddedRedis
 

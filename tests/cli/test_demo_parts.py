@@ -1,0 +1,47 @@
+"""The demo's parts that need no running fleet: its catalog changes, its width ranges, its refusals."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from lanes.demo_control import ADAPTIVE_POOL, VLLM, move_port, width_range, with_controller
+
+
+def test_the_controller_goes_on_the_adaptive_pool_only():
+    document = {"pools": [{"name": ADAPTIVE_POOL, "controller": {"kind": "off"}}, {"name": "other"}]}
+    assert with_controller(document)
+    assert document["pools"][0]["controller"] == VLLM and "controller" not in document["pools"][1]
+    assert not with_controller({"pools": [{"name": "other"}]})
+
+
+def test_a_taken_port_moves_every_model_served_on_it_and_no_other():
+    document = {"models": [{"name": "a", "base_url": "http://127.0.0.1:8700/v1"},
+                           {"name": "b", "base_url": "http://localhost:8700/v1"},
+                           {"name": "c", "base_url": "http://127.0.0.1:8701/v1"},
+                           {"name": "d", "base_url": "https://api.example.com/v1"}]}
+    new = move_port(document, 8700)
+    assert new != 8700
+    assert [m["base_url"] for m in document["models"]] == [
+        f"http://127.0.0.1:{new}/v1", f"http://localhost:{new}/v1", "http://127.0.0.1:8701/v1",
+        "https://api.example.com/v1"]
+
+
+def test_a_width_range_covers_only_its_window():
+    times, widths = [0.0, 1.0, 2.0, 3.0, 4.0], [4, 6, 7, 6, 3]
+    assert width_range(times, widths, 1.0, 3.0) == "6..7"
+    assert width_range(times, widths, 4.0, 9.0) == "3"
+    assert width_range(times, widths, 5.0, 9.0) is None
+
+
+def test_a_plot_path_the_demo_cannot_write_is_refused_before_anything_starts(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_")}
+    env["LANES_STATE_DIR"] = str(tmp_path / "state")
+    done = subprocess.run([sys.executable, "-m", "lanes.cli", "demo", "--plot", str(blocker / "plot.png")],
+                          env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.startswith("error: --plot ") and "a-file" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "state" / "redis").exists()  # nothing was started
