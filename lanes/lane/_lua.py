@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - a client without hiredis packs through
     HiredisRespSerializer = _hiredis_pack = None
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
-from lanes.lane.base import text
+from lanes.lane.base import is_cluster, text
 
 class ReplyLost(ConnectionError):
     """A script call was sent but its reply never came (a timeout or a broken
@@ -126,6 +126,7 @@ class SyncRunner:
                               and getattr(pool, "max_connections", 0) >= MIN_POOL_ROOM
                               and getattr(pool, "cache", None) is None) else None
         self._free: list = []
+        self._cluster = is_cluster(client)
         _all_runners.add(self)
 
     def __call__(self, name: str, keys: list, args: list):
@@ -139,13 +140,34 @@ class SyncRunner:
             return self._evalsha(script.sha, keys, args)
 
     def _fallback(self, sha: str, keys: list, args: list):
-        """redis-py's own path. Without a pool of our own (Cluster: INFO would
-        reach another node; a bounded pool: one more round trip per call) the
-        run_id is not known (''); after a failure on our path it is asked
-        for first, on the same server."""
+        """redis-py's own path (retry policy, reconnect). Cluster: on a
+        connection of the node that serves the lane's slot (see
+        ``_on_slot_node``). A bounded pool: INFO first (one more round trip per
+        call), on the same server."""
         client = self._client()
+        if self._cluster:
+            return self._on_slot_node(client, sha, keys, args)
         run = "" if self._pool is None else text(client.info("server").get("run_id", ""))
         return client.execute_command("EVALSHA", sha, len(keys), *keys, *args, run)
+
+    def _on_slot_node(self, client, sha: str, keys: list, args: list):
+        """A Cluster call on a connection of the node that owns the lane's
+        slot, so the run_id sent is that node's (a failover to a replica, or
+        a node restarted from an older snapshot, is detected as on one
+        server). A node that cannot be reached before the send, or that
+        answers MOVED/ASK (the slot moved: the script did not run), makes
+        the client reread the slot table once; a second miss is an error."""
+        for attempt in (1, 2):
+            node = client.get_node_from_key(keys[0])
+            try:
+                return call_with_run(node.redis_connection.connection_pool, sha, keys, args)
+            except ReplyLost:
+                raise
+            except (ConnectionError, TimeoutError, OSError, ResponseError) as exc:
+                moved = isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in ("MOVED", "ASK")
+                if attempt == 2 or not (moved or not isinstance(exc, ResponseError)):
+                    raise
+                client.nodes_manager.initialize()
 
     def _evalsha(self, sha: str, keys: list, args: list):
         pool = self._pool
@@ -218,20 +240,99 @@ class SyncRunner:
 _RUN_ID = re.compile(rb"^run_id:([0-9a-f]+)\r?$", re.MULTILINE)
 
 
+def run_id_of(info) -> str:
+    """The run_id in a raw ``INFO server`` reply ('' if absent)."""
+    found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
+    return found.group(1).decode() if found else ""
+
+
 def _learn_run(conn) -> None:
     """Ask the server this connection reached for its run_id (once per
     socket: a reconnect may reach another server process). Kept on the
     connection; '' when INFO is not allowed (the scripts then skip the check)."""
     conn.send_command("INFO", "server")
     try:
-        info = conn.read_response()
+        run = run_id_of(conn.read_response())
     except ResponseError:
         run = ""
-    else:
-        found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
-        run = found.group(1).decode() if found else ""
     conn._lanes_run = run
     conn._lanes_sock = conn._sock
+
+
+def call_with_run(pool, sha: str, keys: list, args: list):
+    """One ``EVALSHA`` on a connection checked out of ``pool`` for this call,
+    with the run_id of the server it reached as the last ARGV. A failure after
+    the send raises :class:`ReplyLost` (never re-sent); before it, the
+    connection's own error (nothing ran)."""
+    conn = pool.get_connection()
+    clean = sent = False
+    try:
+        if conn._sock is None or conn._sock is not getattr(conn, "_lanes_sock", None):
+            conn.connect()
+            _learn_run(conn)
+        conn.send_command("EVALSHA", sha, len(keys), *keys, *args, conn._lanes_run)
+        sent = True
+        try:
+            reply = conn.read_response()
+        except ResponseError:
+            clean = True
+            raise
+        clean = True
+        return reply
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        if sent:
+            raise ReplyLost(f"no reply to a lane script call: {exc}") from exc
+        raise
+    finally:
+        if not clean:
+            conn.disconnect()
+        pool.release(conn)
+
+
+async def acall_with_run(pool, sha: str, keys: list, args: list):
+    """:func:`call_with_run` for an asyncio pool (the asyncio lane's only
+    path: one checkout per call, as redis-py's own ``execute_command``). A
+    connection that fails before the send (one the server closed, e.g. at a
+    restart) is replaced once: nothing ran on it."""
+    for attempt in (1, 2):
+        try:
+            return await _acall_once(pool, sha, keys, args)
+        except ReplyLost:
+            raise
+        except (ConnectionError, TimeoutError, OSError):
+            if attempt == 2:
+                raise
+
+
+async def _acall_once(pool, sha: str, keys: list, args: list):
+    conn = await pool.get_connection()
+    clean = sent = False
+    try:
+        if conn._writer is None or conn._writer is not getattr(conn, "_lanes_sock", None):
+            await conn.connect()
+            await conn.send_command("INFO", "server")
+            try:
+                conn._lanes_run = run_id_of(await conn.read_response())
+            except ResponseError:
+                conn._lanes_run = ""
+            conn._lanes_sock = conn._writer
+        await conn.send_command("EVALSHA", sha, len(keys), *keys, *args, conn._lanes_run)
+        sent = True
+        try:
+            reply = await conn.read_response()
+        except ResponseError:
+            clean = True
+            raise
+        clean = True
+        return reply
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        if sent:
+            raise ReplyLost(f"no reply to a lane script call: {exc}") from exc
+        raise
+    finally:
+        if not clean:
+            await conn.disconnect()
+        await pool.release(conn)
 
 
 _runners: weakref.WeakKeyDictionary[object, SyncRunner] = weakref.WeakKeyDictionary()

@@ -18,10 +18,12 @@ import time
 import weakref
 
 import redis
+from redis.exceptions import NoScriptError
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
-from lanes.lane._lua import scripts_for
-from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
+from lanes.lane._lua import ReplyLost, acall_with_run, scripts_for
+from lanes.lane.base import (HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, is_cluster, new_id, new_token, text,
+                             unavailable)
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, Generation, LaneStats
@@ -191,14 +193,38 @@ class AsyncLane(LaneBase):
     """The asyncio twin of :class:`lanes.lane.Lane`; every method is awaited."""
 
     async def _script(self, name: str, args: list):
+        """Run a lane script with the run_id of the server its connection
+        reached (lib_base.lua RUN), as the sync lane does (``_lua.acall_with_run``);
+        ``NOSCRIPT`` loads it and runs it once more. A Cluster client goes
+        through redis-py's own path, where the node is not known here: run ''."""
         scripts = self._scripts
         if scripts is None:
             scripts = self._scripts = scripts_for(self.client)
-        # run '' (lib_base.lua): redis-py's own path picks the connection, so
-        # the server's run_id is not known here (see README, the lanes' Redis).
-        return await scripts[name](keys=self._key_list, args=[*args, ""])
+        script = scripts[name]
+        pool = self._direct_pool
+        if pool is None:
+            return await script(keys=self._key_list, args=[*args, ""])
+        try:
+            return await acall_with_run(pool, script.sha, self._key_list, args)
+        except NoScriptError:
+            script.sha = await self.client.script_load(script.script)
+            return await acall_with_run(pool, script.sha, self._key_list, args)
+
+    @property
+    def _direct_pool(self):
+        if is_cluster(self.client) or getattr(self.client, "connection", None) is not None:
+            return None  # Cluster, or a single-connection client (its one connection is its own)
+        return self.client.connection_pool
 
     async def _run(self, name: str, args: list, what: str):
+        """Run a script; a lost reply is asked once more (every lane script is
+        idempotent: see ``Lane._run``). Raises RedisUnavailable."""
+        try:
+            return await self._script(name, args)
+        except ReplyLost:
+            pass
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, what) from exc
         try:
             return await self._script(name, args)
         except UNAVAILABLE as exc:
@@ -368,8 +394,17 @@ class AsyncLane(LaneBase):
         hub = owner._hub_cache if owner._hub_cache is not None else _hub_for(owner.client, owner.prefix)
         hub.book.remove_holder(owner, permit.holder_id)
         gen = permit.generation
-        reply = await self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
-                                f"releasing on lane {self.key!r}")
+        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms]
+        sent_at = time.monotonic()
+        try:
+            reply = await self._script("release", args)
+        except ReplyLost:
+            # Asked again; an entry gone now was released by the lost call (see Lane.release).
+            reply = await self._run("release", args, f"releasing on lane {self.key!r}")
+            if not int(reply[0]) and sent_at <= permit._lease_until and not permit._lost:
+                reply = [1, reply[1]]
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, f"releasing on lane {self.key!r}") from exc
         if int(reply[1]):
             await self._hand_off_rest()
         return int(reply[0]) == 1
