@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - a client without hiredis packs through
     HiredisRespSerializer = _hiredis_pack = None
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
-from lanes.lane.base import is_cluster, text
+from lanes.lane.base import is_cluster
 
 class ReplyLost(ConnectionError):
     """A script call was sent but its reply never came (a timeout or a broken
@@ -140,15 +140,18 @@ class SyncRunner:
             return self._evalsha(script.sha, keys, args)
 
     def _fallback(self, sha: str, keys: list, args: list):
-        """redis-py's own path (retry policy, reconnect). Cluster: on a
-        connection of the node that serves the lane's slot (see
-        ``_on_slot_node``). A bounded pool: INFO first (one more round trip per
-        call), on the same server."""
+        """One checkout of the client's pool for this call (a bounded or
+        Sentinel pool, or after a failure on the kept connections), with the
+        run_id of the server the connection reached. Cluster: a connection of
+        the node that serves the lane's slot (see ``_on_slot_node``)."""
         client = self._client()
         if self._cluster:
             return self._on_slot_node(client, sha, keys, args)
-        run = "" if self._pool is None else text(client.info("server").get("run_id", ""))
-        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args, run)
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or getattr(client, "connection", None) is not None:
+            # A single-connection client: its one connection is its own.
+            return client.execute_command("EVALSHA", sha, len(keys), *keys, *args, "")
+        return call_with_run(pool, sha, keys, args)
 
     def _on_slot_node(self, client, sha: str, keys: list, args: list):
         """A Cluster call on a connection of the node that owns the lane's
@@ -262,8 +265,20 @@ def _learn_run(conn) -> None:
 def call_with_run(pool, sha: str, keys: list, args: list):
     """One ``EVALSHA`` on a connection checked out of ``pool`` for this call,
     with the run_id of the server it reached as the last ARGV. A failure after
-    the send raises :class:`ReplyLost` (never re-sent); before it, the
-    connection's own error (nothing ran)."""
+    the send raises :class:`ReplyLost` (never re-sent); one before it (a
+    connection the server closed, e.g. at a restart) is tried once more on a
+    fresh connection: nothing ran."""
+    for attempt in (1, 2):
+        try:
+            return _call_once(pool, sha, keys, args)
+        except ReplyLost:
+            raise
+        except (ConnectionError, TimeoutError, OSError):
+            if attempt == 2:
+                raise
+
+
+def _call_once(pool, sha: str, keys: list, args: list):
     conn = pool.get_connection()
     clean = sent = False
     try:

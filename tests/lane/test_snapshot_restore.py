@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 
+import pytest
 import redis
 
 from lanes import Lane, Priority
@@ -18,9 +19,19 @@ I = Priority.INTERACTIVE
 LEASE = 5.0   # longer than the restart takes: the holder must survive it
 
 
-def test_a_restart_from_an_older_snapshot_is_detected_and_over_admits_no_one(private_redis):
-    holder_client = redis.Redis.from_url(private_redis.url, socket_timeout=1, socket_connect_timeout=1)
-    other_client = redis.Redis.from_url(private_redis.url, socket_timeout=1, socket_connect_timeout=1)
+def _client(url: str, pool: str) -> redis.Redis:
+    if pool == "bounded":
+        # A bounded pool: the lane checks a connection out per call (no kept
+        # connections) and still sends the run_id of the server it reached.
+        return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(
+            url, max_connections=8, socket_timeout=1, socket_connect_timeout=1))
+    return redis.Redis.from_url(url, socket_timeout=1, socket_connect_timeout=1)
+
+
+@pytest.mark.parametrize("pool", ["plain", "bounded"])
+def test_a_restart_from_an_older_snapshot_is_detected_and_over_admits_no_one(private_redis, pool):
+    holder_client = _client(private_redis.url, pool)
+    other_client = _client(private_redis.url, pool)
     holder_lane = Lane(holder_client, "pool:snap", width=1, lease_seconds=LEASE)
     other = Lane(other_client, "pool:snap", width=1, lease_seconds=LEASE)
     try:
