@@ -14,11 +14,11 @@ local function load_state(now, width_arg, lease_ms)
     -- not in it), so none is trusted: a new epoch, past the old one even if
     -- this server's clock is behind, and the quiet period in which live
     -- holders re-register, exactly as after a loss. Width and statistics stay.
-    redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP)
+    redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP, K_SHARES, K_WFQ)
     local epoch = math.max(now, tonumber(m[2]) + 1)
     local quiet = now + lease_ms
     redis.call('HSET', K_META, 'epoch', fmt(epoch), 'counter', 0, 'inflight', 0, 'seq', 0,
-      'quiet_until', fmt(quiet), 'reap_at', 0, 'run', RUN)
+      'quiet_until', fmt(quiet), 'reap_at', 0, 'run', RUN, 'mw', 0)
     redis.call('HINCRBY', K_META, 'restarts', 1)
     return {width = tonumber(m[1]), epoch = epoch, quiet_until = quiet, reap_at = 0,
       ewma = tonumber(m[5]), inflight = 0}
@@ -34,10 +34,10 @@ local function load_state(now, width_arg, lease_ms)
   -- period so they can re-register by renewal, so the lane never admits more
   -- than W because Redis forgot who held. Leftover keys of a partial loss are
   -- cleared so that every structure belongs to the new epoch.
-  redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP)
+  redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP, K_SHARES, K_WFQ)
   local quiet = now + lease_ms
   redis.call('HSET', K_META, 'width', width_arg, 'epoch', fmt(now), 'counter', 0, 'inflight', 0,
-    'seq', 0, 'quiet_until', fmt(quiet), 'run', RUN)
+    'seq', 0, 'quiet_until', fmt(quiet), 'run', RUN, 'mw', 0)
   return {width = tonumber(width_arg), epoch = now, quiet_until = quiet, reap_at = 0, inflight = 0}
 end
 

@@ -1,5 +1,5 @@
 -- release.lua: a holder gives its slot back; the slot goes to the head waiter.
--- KEYS: the six lane keys (see lib_base.lua).
+-- KEYS: the eight lane keys (see lib_base.lua).
 -- ARGV[1] id        holder id
 -- ARGV[2] epoch     generation the holder was given ...
 -- ARGV[3] counter   ... both must match, or nothing changes (fencing)
@@ -12,7 +12,7 @@
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
 local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight',
-  'run')
+  'run', 'mw')
 if not m[1] then return {0, 0} end   -- state lost: nothing of ours is recorded
 -- A state another server process wrote (RUN, lib_base.lua) is untrusted: the
 -- slow path below starts it over (load_state), so nothing of ours is recorded.
@@ -22,10 +22,14 @@ local released = 0
 local inflight = tonumber(m[6]) or 0
 local ewma   -- the hold-time EWMA with this hold fed in, written once below
 if info then
-  local epoch, counter, granted = string.match(info, '^(%d+):(%d+):(%d+):')
+  local epoch, counter, granted, hprio, hwf = string.match(info, '^(%d+):(%d+):(%d+):(%d+):?(.*)$')
   if epoch == ARGV[2] and counter == ARGV[3] then
-    -- Inline unhold (lib_hold.lua): inflight moves only if an entry went.
-    inflight = inflight - redis.call('ZREM', K_HOLDERS, id)
+    -- Inline unhold (lib_hold.lua): inflight and the workflow's holder count
+    -- move only if an entry went (a count at 0 may stay: readers skip it).
+    if redis.call('ZREM', K_HOLDERS, id) == 1 then
+      inflight = inflight - 1
+      redis.call('HINCRBY', K_SHARES, 'h:' .. hprio .. ':' .. hwf, -1)
+    end
     redis.call('HDEL', K_HINFO, id)
     local hold = now - tonumber(granted)
     ewma = tonumber(m[3])
@@ -35,13 +39,14 @@ if info then
 end
 local reap_at = tonumber(m[2]) or 0
 -- Lean handoff (the hot path under load), inline: nothing due for reaping
--- (so not quiet either: reap_at is 0 then) and exactly one slot free: it
--- goes to the head waiter, popped with its record. Nothing is due for
+-- (so not quiet either: reap_at is 0 then), exactly one slot free and no
+-- priority with two workflows waiting (meta mw 0; else lib_share.lua
+-- chooses): it goes to the head waiter, popped with its record. Nothing is due for
 -- reaping, so the head's wexp score (>= reap_at > now) has not passed: the
 -- head is live. The same writes as grant_free's step (lib_handoff.lua);
 -- inflight (moved by the entries really removed and added), the counter and
 -- the EWMA go in one HSET.
-local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1
+local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1 and (tonumber(m[8]) or 0) == 0
 local head
 if lean then
   head = redis.call('ZPOPMIN', K_QUEUE)
@@ -59,19 +64,31 @@ if head then
   local member, score = head[1], tonumber(head[2])
   redis.call('ZREM', K_WEXP, member)
   -- lib_queue.lua parse_waiter: the lease is the waiter's own (it travels with its entry).
-  local notify, own_lease, wid = string.match(member, '^(%d):%-?%d+:(%d+):(.+)$')
+  local notify, own_lease, wid, wwf = string.match(member, '^(%d):%-?%d+:(%d+):([^:]+):?(.*)$')
+  local prio = math.floor(score / PRIO_SPAN)
+  -- lib_queue.lua queue_remove and note_waiting, inline (mw 0: at most one
+  -- workflow waits at this priority, so n:<prio> only falls to 0 here).
+  local wfq = prio .. ':' .. #wwf .. ':' .. wwf .. ':' .. string.format('%016d', score % PRIO_SPAN) .. ':' .. member
+  if redis.call('ZREM', K_WFQ, wfq) == 1
+      and redis.call('HINCRBY', K_SHARES, 'w:' .. prio .. ':' .. wwf, -1) <= 0 then
+    redis.call('HDEL', K_SHARES, 'w:' .. prio .. ':' .. wwf)
+    if redis.call('HINCRBY', K_SHARES, 'n:' .. prio, -1) <= 0 then redis.call('HDEL', K_SHARES, 'n:' .. prio) end
+  end
   local counter = (tonumber(m[5]) or 0) + 1
   local deadline = now + tonumber(own_lease)
-  inflight = inflight + redis.call('ZADD', K_HOLDERS, deadline, wid)
+  local added = redis.call('ZADD', K_HOLDERS, deadline, wid)
+  inflight = inflight + added
+  if added == 1 then redis.call('HINCRBY', K_SHARES, 'h:' .. prio .. ':' .. wwf, 1) end
   if ewma then
     redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight)
     ewma = nil
   else
     redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight)
   end
-  local prio = math.floor(score / PRIO_SPAN)
   -- now, counter and prio are below 10^14: '..' writes them exactly.
-  redis.call('HSET', K_HINFO, wid, m[1] .. ':' .. counter .. ':' .. now .. ':' .. prio)
+  local winfo = m[1] .. ':' .. counter .. ':' .. now .. ':' .. prio
+  if wwf ~= '' then winfo = winfo .. ':' .. wwf end
+  redis.call('HSET', K_HINFO, wid, winfo)
   if deadline < reap_at then redis.call('HSET', K_META, 'reap_at', deadline) end
   -- lib_queue.lua channel_of, inline.
   local channel = string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:'
@@ -80,7 +97,10 @@ if head then
   if notify == '1' and heard == 0 then
     -- Nobody listens for this waiter: take the slot back (as grant_free
     -- does) and let the slow path below hand it to the next one.
-    inflight = inflight - redis.call('ZREM', K_HOLDERS, wid)
+    if redis.call('ZREM', K_HOLDERS, wid) == 1 then
+      inflight = inflight - 1
+      redis.call('HINCRBY', K_SHARES, 'h:' .. prio .. ':' .. wwf, -1)
+    end
     redis.call('HDEL', K_HINFO, wid)
     redis.call('HSET', K_META, 'inflight', inflight)
     redis.call('HINCRBY', K_META, 'returned', 1)
