@@ -77,6 +77,8 @@ def show(settings, as_json) -> None:
                 "timeouts": stats.timeouts,
                 "cancels": stats.cancels,
                 "expired": stats.expired,
+                # Per priority and workflow with work: holders, waiters, slots still owed (shares).
+                "workflows": [share.as_dict() for share in stats.workflows],
                 "live_workers": workers.get(pool.name),
             })
     finally:
