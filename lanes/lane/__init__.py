@@ -2,7 +2,9 @@
 
 One lane per pool, shared by every worker on every machine: a width W,
 holders with leases and fencing generations, and a wait queue ordered by
-priority then arrival, with direct handoff on release.
+priority, then each workflow's guaranteed share within the priority
+(``scripts/lib_share.lua``), then arrival within a workflow, with direct
+handoff on release.
 
 Public names (also exported from :mod:`lanes`):
 

@@ -36,7 +36,9 @@ local now = math.floor(us / 1000)
 -- and a slot free. Inline, with
 -- no helper beyond lib_base, so it creates no closure and no table of its own.
 if ARGV[8] == '1' then
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight', 'run')
+  -- hfield: this workflow's holder count at this priority (lib_hold.lua note_holding).
+  local hfield = 'h:' .. ARGV[2] .. ':' .. wf
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight', 'run', hfield)
   local reap_at = tonumber(m[3])
   local inflight = tonumber(m[5])
   -- Only on a state this server process wrote (RUN, lib_base.lua).
@@ -48,12 +50,12 @@ if ARGV[8] == '1' then
     -- changes nothing (inflight counts only entries really added).
     if redis.call('ZADD', K_HOLDERS, 'NX', deadline, id) == 1 then
       -- now, counter and deadline are below 10^14: '..' writes them exactly.
+      local held = (tonumber(m[7]) or 0) + 1
       if deadline < reap_at then
-        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, 'reap_at', deadline)
+        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, hfield, held, 'reap_at', deadline)
       else
-        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, hfield, held)
       end
-      redis.call('HINCRBY', K_SHARES, 'h:' .. ARGV[2] .. ':' .. wf, 1)   -- lib_hold.lua note_holding
       local info = m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2]
       if wf ~= '' then info = info .. ':' .. wf end
       redis.call('HSET', K_HINFO, id, info)
@@ -92,7 +94,7 @@ if wf ~= '' then member = member .. ':' .. wf end
 if ARGV[8] ~= '1' and ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= member then
   local old = tonumber(redis.call('ZSCORE', K_QUEUE, ARGV[9]))
   if old then
-    queue_remove(ARGV[9], old)
+    queue_remove(st, ARGV[9], old)
     queued = queued - 1
   end
 end
@@ -114,6 +116,6 @@ if seq <= last then seq = last + 1 end
 redis.call('HSET', K_META, 'seq', fmt(seq))
 local wexp = now + lease_ms
 if timeout_ms >= 0 and now + timeout_ms < wexp then wexp = now + timeout_ms end
-queue_add(member, prio, seq, wexp)
+queue_add(st, member, prio, seq, wexp)
 lower_reap_at(st, wexp)
 return {'queued', fmt(st.epoch), next_event(st, now)}

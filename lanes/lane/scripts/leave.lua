@@ -24,7 +24,7 @@ if not id then
 end
 local score = tonumber(redis.call('ZSCORE', K_QUEUE, member))
 if score then
-  queue_remove(member, score)
+  queue_remove(st, member, score)
   outcome = 'left'
 elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
   unhold(st, id, now, nil)

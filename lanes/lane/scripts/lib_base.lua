@@ -13,19 +13,20 @@
 --                          (holders), seq (last enqueue stamp), quiet_until (ms),
 --                          reap_at (ms), returned, timeouts, cancels, expired,
 --                          lapsed, hold_ewma_ms, run (run_id of the server
---                          that wrote the state), restarts, repairs, mw
---                          (priorities where two or more workflows wait:
---                          while 0, a freed slot goes to the queue's head)
+--                          that wrote the state), restarts, repairs, and
+--                          h:<p>:<wf> (holders of workflow wf at priority p;
+--                          in meta so the hot paths read and write it with
+--                          the rest), wf1 (the first workflow that queued),
+--                          multi ('1' once another workflow queued too:
+--                          from then on every waiter is also in wfq)
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
 --   KEYS[4] queue    zset  waiter -> priority * PRIO_SPAN + seq (class, then arrival)
 --   KEYS[5] wexp     zset  waiter -> min(waiter lease deadline, wait deadline)
 --   KEYS[6] waits    list  recent admission waits "priority:ms", newest first
---   KEYS[7] shares   hash  the share books per priority p and workflow wf:
---                          h:<p>:<wf> holders, w:<p>:<wf> waiters, n:<p>
---                          workflows waiting, co:<p> / cl:<p> the last
---                          workflow served by the owed / the lending pass
---   KEYS[8] wfq      zset  every waiter again, all scores 0, as
+--   KEYS[7] shares   hash  co:<p> / cl:<p>: the last workflow served at
+--                          priority p by the owed / the lending pass (lib_share.lua)
+--   KEYS[8] wfq      zset  once meta multi is '1', every waiter again, all scores 0, as
 --                          "<p>:<#wf>:<wf>:<seq, 16 digits>:<member>": the
 --                          head of one workflow at one priority is one
 --                          ZRANGEBYLEX (lib_share.lua)

@@ -18,7 +18,7 @@ local function grant_free(st, now)
     if exp == nil or exp <= now then
       drop_waiter(st, member, now)
     else
-      local wf = queue_remove(member, score)
+      local wf = queue_remove(st, member, score)
       -- The waiter's own lease, not the caller's: with two lease settings
       -- on one lane, a holder's lease is always the one it renews by.
       local notify, _, id, own_lease = parse_waiter(member)

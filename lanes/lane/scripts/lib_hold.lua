@@ -1,5 +1,5 @@
--- lib_hold.lua: holder entries (holders, hinfo, the share books' holder
--- counts) and admission-wait samples.
+-- lib_hold.lua: holder entries (holders, hinfo, the holder count per
+-- priority and workflow) and admission-wait samples.
 --! include state
 
 -- epoch, counter (strings), granted_ms, priority and workflow ('' when the
@@ -15,10 +15,11 @@ local function hinfo_of(epoch, counter, now, prio, wf)
   return info
 end
 
--- The holder count of (prio, wf) moved by n (a count at 0 is removed).
+-- The holder count of (prio, wf), meta h:<prio>:<wf>, moved by n. Kept in
+-- meta so that the hot paths fold it into the meta reads and writes they do
+-- anyway; a count at 0 stays (readers skip it).
 local function note_holding(prio, wf, n)
-  local field = 'h:' .. prio .. ':' .. wf
-  if redis.call('HINCRBY', K_SHARES, field, n) <= 0 then redis.call('HDEL', K_SHARES, field) end
+  redis.call('HINCRBY', K_META, 'h:' .. prio .. ':' .. wf, n)
 end
 
 local function record_wait(prio, wait_ms)

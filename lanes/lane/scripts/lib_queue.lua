@@ -1,5 +1,4 @@
--- lib_queue.lua: waiter entries (queue, wexp and wfq; the member is the record)
--- and the share books' waiting counts.
+-- lib_queue.lua: waiter entries (queue, wexp and wfq; the member is the record).
 --! include base
 
 -- The fields of a waiter's member: notify ('1'/'0'), timeout_ms, id, the
@@ -32,40 +31,41 @@ local function wfq_entry(prio, wf, seq, member)
   return prio .. ':' .. #wf .. ':' .. wf .. ':' .. string.format('%016d', seq) .. ':' .. member
 end
 
--- The waiting count of (prio, wf) moved by n; n:<prio> (workflows waiting)
--- and meta mw (priorities with two or more) follow it.
-local function note_waiting(prio, wf, n)
-  local left = redis.call('HINCRBY', K_SHARES, 'w:' .. prio .. ':' .. wf, n)
-  local was = left - n
-  if left <= 0 then redis.call('HDEL', K_SHARES, 'w:' .. prio .. ':' .. wf) end
-  if was <= 0 and left > 0 then
-    if redis.call('HINCRBY', K_SHARES, 'n:' .. prio, 1) == 2 then redis.call('HINCRBY', K_META, 'mw', 1) end
-  elseif was > 0 and left <= 0 then
-    local workflows = redis.call('HINCRBY', K_SHARES, 'n:' .. prio, -1)
-    if workflows == 1 then redis.call('HINCRBY', K_META, 'mw', -1) end
-    if workflows <= 0 then redis.call('HDEL', K_SHARES, 'n:' .. prio) end
-  end
-end
-
--- A waiter joins: queue (by priority, then arrival), wexp, wfq and the books.
-local function queue_add(member, prio, seq, wexp)
+-- A waiter joins: queue (by priority, then arrival) and wexp; and wfq once
+-- a second workflow has queued on this state (meta multi, see lib_base.lua).
+-- The first time one does, every waiter already queued is put in wfq too
+-- (once per lane state; a lane that only ever sees one workflow has none).
+local function queue_add(st, member, prio, seq, wexp)
   local _, _, _, _, wf = parse_waiter(member)
+  if st.multi ~= '1' then
+    if not st.wf1 then
+      st.wf1 = wf
+      redis.call('HSET', K_META, 'wf1', wf)
+    elseif st.wf1 ~= wf then
+      st.multi = '1'
+      redis.call('HSET', K_META, 'multi', '1')
+      local all = redis.call('ZRANGE', K_QUEUE, 0, -1, 'WITHSCORES')
+      for i = 1, #all, 2 do
+        local score = tonumber(all[i + 1])
+        local _, _, _, _, other = parse_waiter(all[i])
+        redis.call('ZADD', K_WFQ, 0, wfq_entry(math.floor(score / PRIO_SPAN), other, score % PRIO_SPAN, all[i]))
+      end
+    end
+  end
   -- fmt: '..' and redis.call would write this 16-digit score in 14 digits.
   redis.call('ZADD', K_QUEUE, fmt(prio * PRIO_SPAN + seq), member)
   redis.call('ZADD', K_WEXP, wexp, member)
-  redis.call('ZADD', K_WFQ, 0, wfq_entry(prio, wf, seq, member))
-  note_waiting(prio, wf, 1)
+  if st.multi == '1' then redis.call('ZADD', K_WFQ, 0, wfq_entry(prio, wf, seq, member)) end
 end
 
 -- A waiter leaves the queue (granted, gone or lapsed). score: its queue
 -- score. Returns its workflow.
-local function queue_remove(member, score)
+local function queue_remove(st, member, score)
   redis.call('ZREM', K_QUEUE, member)
   redis.call('ZREM', K_WEXP, member)
   local _, _, _, _, wf = parse_waiter(member)
-  local prio = math.floor(score / PRIO_SPAN)
-  if redis.call('ZREM', K_WFQ, wfq_entry(prio, wf, score % PRIO_SPAN, member)) == 1 then
-    note_waiting(prio, wf, -1)
+  if st.multi == '1' then
+    redis.call('ZREM', K_WFQ, wfq_entry(math.floor(score / PRIO_SPAN), wf, score % PRIO_SPAN, member))
   end
   return wf
 end
@@ -77,7 +77,7 @@ local function drop_waiter(st, member, now)
     redis.call('ZREM', K_WEXP, member)
     return
   end
-  queue_remove(member, score)
+  queue_remove(st, member, score)
   local _, timeout = parse_waiter(member)
   local deadline = wait_deadline(st, score, timeout)
   if deadline and deadline <= now then

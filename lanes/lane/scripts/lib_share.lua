@@ -13,15 +13,44 @@ local function after(names, last)
   return names[1]
 end
 
--- The share books of priority p: holders and waiters per workflow.
-local function books_of(p)
+-- The workflow of a wfq entry ("<p>:<#wf>:<wf>:...").
+local function entry_workflow(entry)
+  local len, rest = string.match(entry, '^%d+:(%d+):(.*)$')
+  return string.sub(rest, 1, tonumber(len))
+end
+
+-- Whether two or more workflows wait at priority p: the first and the last
+-- wfq entries of p (a workflow's entries are contiguous there) differ.
+local function several_wait(p)
+  local lo = redis.call('ZRANGEBYLEX', K_WFQ, '[' .. p .. ':', '[' .. p .. ':\255', 'LIMIT', 0, 1)
+  if #lo == 0 then return false end
+  local hi = redis.call('ZREVRANGEBYLEX', K_WFQ, '[' .. p .. ':\255', '[' .. p .. ':', 'LIMIT', 0, 1)
+  return entry_workflow(lo[1]) ~= entry_workflow(hi[1])
+end
+
+-- The books of priority p: holders per workflow (meta h:<p>:<wf>) and
+-- waiters per workflow (counted in wfq, one jump per workflow).
+local function books_of(st, p)
   local held, waiting = {}, {}
-  local flat = redis.call('HGETALL', K_SHARES)
+  local flat = redis.call('HGETALL', K_META)
   for i = 1, #flat, 2 do
-    local kind, fp, wf = string.match(flat[i], '^([hw]):(%d+):(.*)$')
-    if kind and tonumber(fp) == p then
-      if kind == 'h' then held[wf] = tonumber(flat[i + 1]) else waiting[wf] = tonumber(flat[i + 1]) end
-    end
+    local fp, wf = string.match(flat[i], '^h:(%d+):(.*)$')
+    if fp and tonumber(fp) == p and tonumber(flat[i + 1]) > 0 then held[wf] = tonumber(flat[i + 1]) end
+  end
+  if st.multi ~= '1' then
+    -- One workflow has ever queued here (wf1): every waiter at p is its own.
+    local n = redis.call('ZCOUNT', K_QUEUE, fmt(p * PRIO_SPAN), '(' .. fmt((p + 1) * PRIO_SPAN))
+    if n > 0 then waiting[st.wf1] = n end
+    return held, waiting
+  end
+  local from, stop = '[' .. p .. ':', '[' .. p .. ':\255'
+  while true do
+    local first = redis.call('ZRANGEBYLEX', K_WFQ, from, stop, 'LIMIT', 0, 1)
+    if #first == 0 then break end
+    local wf = entry_workflow(first[1])
+    local prefix = p .. ':' .. #wf .. ':' .. wf .. ':'
+    waiting[wf] = redis.call('ZLEXCOUNT', K_WFQ, '[' .. prefix, '[' .. prefix .. '\255')
+    from = '(' .. prefix .. '\255'
   end
   return held, waiting
 end
@@ -49,8 +78,8 @@ local function next_waiter(st)
   if #head == 0 then return nil end
   local score = tonumber(head[2])
   local p = math.floor(score / PRIO_SPAN)
-  if (tonumber(redis.call('HGET', K_SHARES, 'n:' .. p)) or 0) < 2 then return head[1], score end
-  local held, waiting = books_of(p)
+  if st.multi ~= '1' or not several_wait(p) then return head[1], score end
+  local held, waiting = books_of(st, p)
   local share = share_of(st.width, held, waiting)
   local owed, any = {}, {}
   for wf, n in pairs(waiting) do
@@ -75,9 +104,8 @@ local function next_waiter(st)
   local seq, member = string.match(string.sub(first[1], #prefix + 1), '^(%d+):(.*)$')
   local found = tonumber(redis.call('ZSCORE', K_QUEUE, member))
   if not found then
-    -- A wfq entry with no queue entry: drop it (and its count); the head now.
+    -- A wfq entry with no queue entry: drop it; the head now.
     redis.call('ZREM', K_WFQ, first[1])
-    note_waiting(p, wf, -1)
     return head[1], score
   end
   redis.call('HSET', K_SHARES, cursor, wf)

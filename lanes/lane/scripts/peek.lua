@@ -37,7 +37,7 @@ out[#out + 1] = tonumber(redis.call('HGET', K_META, 'repairs')) or 0
 local books = {}
 if ARGV[2] == '1' then
   for p = 0, 2 do
-    local held, waiting = books_of(p)
+    local held, waiting = books_of(st, p)
     local share = share_of(st.width, held, waiting)
     local names, seen = {}, {}
     for wf, n in pairs(held) do if n > 0 and not seen[wf] then seen[wf] = true; names[#names + 1] = wf end end

@@ -11,52 +11,72 @@
 --! include base
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
+-- The holder's entry first: its priority and workflow name its holder count
+-- (meta h:<prio>:<wf>, lib_hold.lua), read and written with the rest of meta.
+local info = redis.call('HGET', K_HINFO, id)
+local epoch, counter, granted, hprio, hwf
+if info then epoch, counter, granted, hprio, hwf = string.match(info, '^(%d+):(%d+):(%d+):(%d+):?(.*)$') end
+local hfield = info and ('h:' .. hprio .. ':' .. hwf) or 'h:'
 local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight',
-  'run', 'mw')
+  'run', hfield, 'multi')
+local multi = m[9] == '1'   -- waiters are in wfq (lib_queue.lua queue_add)
 if not m[1] then return {0, 0} end   -- state lost: nothing of ours is recorded
 -- A state another server process wrote (RUN, lib_base.lua) is untrusted: the
 -- slow path below starts it over (load_state), so nothing of ours is recorded.
 local stale = RUN ~= '' and m[7] and m[7] ~= RUN
-local info = not stale and redis.call('HGET', K_HINFO, id)
 local released = 0
 local inflight = tonumber(m[6]) or 0
+local held = tonumber(m[8]) or 0   -- hfield's count, written with the other meta fields
 local ewma   -- the hold-time EWMA with this hold fed in, written once below
-if info then
-  local epoch, counter, granted, hprio, hwf = string.match(info, '^(%d+):(%d+):(%d+):(%d+):?(.*)$')
-  if epoch == ARGV[2] and counter == ARGV[3] then
-    -- Inline unhold (lib_hold.lua): inflight and the workflow's holder count
-    -- move only if an entry went (a count at 0 may stay: readers skip it).
-    if redis.call('ZREM', K_HOLDERS, id) == 1 then
-      inflight = inflight - 1
-      redis.call('HINCRBY', K_SHARES, 'h:' .. hprio .. ':' .. hwf, -1)
-    end
-    redis.call('HDEL', K_HINFO, id)
-    local hold = now - tonumber(granted)
-    ewma = tonumber(m[3])
-    if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
-    released = 1
+if info and not stale and epoch == ARGV[2] and counter == ARGV[3] then
+  -- Inline unhold (lib_hold.lua): inflight and the holder count move only
+  -- if an entry went.
+  if redis.call('ZREM', K_HOLDERS, id) == 1 then
+    inflight = inflight - 1
+    held = held - 1
   end
+  redis.call('HDEL', K_HINFO, id)
+  local hold = now - tonumber(granted)
+  ewma = tonumber(m[3])
+  if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end
+  released = 1
 end
 local reap_at = tonumber(m[2]) or 0
 -- Lean handoff (the hot path under load), inline: nothing due for reaping
--- (so not quiet either: reap_at is 0 then), exactly one slot free and no
--- priority with two workflows waiting (meta mw 0; else lib_share.lua
--- chooses): it goes to the head waiter, popped with its record. Nothing is due for
--- reaping, so the head's wexp score (>= reap_at > now) has not passed: the
--- head is live. The same writes as grant_free's step (lib_handoff.lua);
--- inflight (moved by the entries really removed and added), the counter and
--- the EWMA go in one HSET.
-local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1 and (tonumber(m[8]) or 0) == 0
+-- (so not quiet either: reap_at is 0 then) and exactly one slot free: it
+-- goes to the head waiter, popped with its record, unless another workflow
+-- waits at the head's priority too (lib_share.lua then chooses, on the slow
+-- path below). Nothing is due for reaping, so the head's wexp score (>=
+-- reap_at > now) has not passed: the head is live. The same writes as
+-- grant_free's step (lib_handoff.lua); inflight (moved by the entries
+-- really removed and added), the counter, the holder count and the EWMA go
+-- in one HSET.
+local lean = not stale and now < reap_at and tonumber(m[4]) - inflight == 1
 local head
 if lean then
   head = redis.call('ZPOPMIN', K_QUEUE)
+  if #head > 0 and multi then
+    -- lib_share.lua several_wait, inline: the first and last wfq entries of
+    -- the head's priority, "<p>:<#wf>:<wf>:...", name the same workflow?
+    local p = math.floor(tonumber(head[2]) / PRIO_SPAN)
+    local lo = redis.call('ZRANGEBYLEX', K_WFQ, '[' .. p .. ':', '[' .. p .. ':\255', 'LIMIT', 0, 1)
+    if #lo > 0 then
+      local hi = redis.call('ZREVRANGEBYLEX', K_WFQ, '[' .. p .. ':\255', '[' .. p .. ':', 'LIMIT', 0, 1)
+      local ln, lrest = string.match(lo[1], '^%d+:(%d+):(.*)$')
+      local hn, hrest = string.match(hi[1], '^%d+:(%d+):(.*)$')
+      if ln ~= hn or string.sub(lrest, 1, tonumber(ln)) ~= string.sub(hrest, 1, tonumber(hn)) then
+        redis.call('ZADD', K_QUEUE, head[2], head[1])   -- back in its place
+        head = nil
+      end
+    end
+  end
 elseif not stale and now < reap_at and redis.call('ZCARD', K_QUEUE) == 0 then
   head = {}
 end
 if head and #head == 0 then
   -- Nobody waiting (the common release when the lane is not full).
   if ewma then
-    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight)
+    redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight, hfield, held)
   end
   return {released, 0}
 end
@@ -66,24 +86,26 @@ if head then
   -- lib_queue.lua parse_waiter: the lease is the waiter's own (it travels with its entry).
   local notify, own_lease, wid, wwf = string.match(member, '^(%d):%-?%d+:(%d+):([^:]+):?(.*)$')
   local prio = math.floor(score / PRIO_SPAN)
-  -- lib_queue.lua queue_remove and note_waiting, inline (mw 0: at most one
-  -- workflow waits at this priority, so n:<prio> only falls to 0 here).
-  local wfq = prio .. ':' .. #wwf .. ':' .. wwf .. ':' .. string.format('%016d', score % PRIO_SPAN) .. ':' .. member
-  if redis.call('ZREM', K_WFQ, wfq) == 1
-      and redis.call('HINCRBY', K_SHARES, 'w:' .. prio .. ':' .. wwf, -1) <= 0 then
-    redis.call('HDEL', K_SHARES, 'w:' .. prio .. ':' .. wwf)
-    if redis.call('HINCRBY', K_SHARES, 'n:' .. prio, -1) <= 0 then redis.call('HDEL', K_SHARES, 'n:' .. prio) end
+  -- lib_queue.lua queue_remove, inline.
+  if multi then
+    redis.call('ZREM', K_WFQ, prio .. ':' .. #wwf .. ':' .. wwf .. ':' .. string.format('%016d', score % PRIO_SPAN)
+      .. ':' .. member)
   end
   local counter = (tonumber(m[5]) or 0) + 1
   local deadline = now + tonumber(own_lease)
-  local added = redis.call('ZADD', K_HOLDERS, deadline, wid)
-  inflight = inflight + added
-  if added == 1 then redis.call('HINCRBY', K_SHARES, 'h:' .. prio .. ':' .. wwf, 1) end
+  local wfield = 'h:' .. prio .. ':' .. wwf
+  if redis.call('ZADD', K_HOLDERS, deadline, wid) == 1 then
+    inflight = inflight + 1
+    -- The new holder's count: folded into the HSET below when it is the
+    -- releaser's own (one workflow handing to itself), else moved at once.
+    if wfield == hfield then held = held + 1 else redis.call('HINCRBY', K_META, wfield, 1) end
+  end
   if ewma then
-    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight)
+    redis.call('HSET', K_META, 'counter', counter, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight,
+      hfield, held)
     ewma = nil
   else
-    redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight)
+    redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight, hfield, held)
   end
   -- now, counter and prio are below 10^14: '..' writes them exactly.
   local winfo = m[1] .. ':' .. counter .. ':' .. now .. ':' .. prio
@@ -99,7 +121,7 @@ if head then
     -- does) and let the slow path below hand it to the next one.
     if redis.call('ZREM', K_HOLDERS, wid) == 1 then
       inflight = inflight - 1
-      redis.call('HINCRBY', K_SHARES, 'h:' .. prio .. ':' .. wwf, -1)
+      redis.call('HINCRBY', K_META, wfield, -1)
     end
     redis.call('HDEL', K_HINFO, wid)
     redis.call('HSET', K_META, 'inflight', inflight)
@@ -113,8 +135,9 @@ if head then
     end
     return {released, 0}   -- the one free slot is taken: nothing more
   end
+elseif ewma then
+  redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight, hfield, held)
 end
-if ewma then redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight) end
 
 --! include reap handoff
 local st = load_state(now, '', lease_ms)
