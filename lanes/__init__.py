@@ -11,7 +11,7 @@ __version__ = "0.1.0"
 _ERRORS = (
     "AcquireCancelled", "AcquireTimeout", "BackendError", "BackendOverloaded", "BackendTimeout", "CandidatesExhausted",
     "CapacityWaitTimeout", "CatalogInvalid", "DatabaseUnavailable", "DeadlineExpired", "InvalidInput", "LaneSignal",
-    "LanesError", "LeaseLost", "RedisUnavailable", "RoutingError", "ServiceUnavailable",
+    "LanesError", "LeaseLost", "NotFound", "RedisUnavailable", "RoutingError", "ServiceUnavailable",
 )
 _LAZY = {
     **{name: "lanes.errors" for name in _ERRORS},
@@ -62,6 +62,7 @@ __all__ = [
     "LaneStats",
     "LanesError",
     "LeaseLost",
+    "NotFound",
     "Permit",
     "Priority",
     "RedisUnavailable",

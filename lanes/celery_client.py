@@ -6,6 +6,8 @@ modules in ``workers/``; the worker app is built from the same function.
 
 from __future__ import annotations
 
+import time
+
 from celery import Celery
 
 from lanes.priority import Priority
@@ -36,6 +38,24 @@ def fleet_of_queue(queue: str) -> str | None:
         return None
     fleet = queue[len(QUEUE_PREFIX):].removesuffix(".background")
     return fleet or None
+
+
+def fleet_names(table) -> list[str]:
+    """Every fleet of the routing table: each workflow's primary pool, or the hosted fleet."""
+    return sorted({route.fleet or HOSTED_FLEET for route in table.workflows.values() if route.candidates})
+
+
+def shown_arguments(*, workflow: str, priority: Priority, fleet: str, deadline: float | None) -> dict:
+    """What Celery's events (and so Flower) show of a routed task instead of its arguments.
+
+    The arguments hold the payload (a prompt, private text); events carry
+    ``argsrepr``/``kwargsrepr`` in their place, so Flower's columns show the
+    routing (workflow, priority, the pool whose lane it waits in first,
+    deadline) and never the request.
+    """
+    when = "none" if deadline is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(deadline))
+    shown = {"workflow": workflow, "priority": priority.label, "pool": fleet, "deadline": when}
+    return {"argsrepr": "(request hidden)", "kwargsrepr": repr(shown)}
 
 
 def queue_for(fleet: str, priority: Priority) -> str:

@@ -4,7 +4,8 @@
 
     LanesError
     ├── InvalidInput                 bad input from a user or a file; nothing was changed
-    │   └── CatalogInvalid           a catalog file with one or more problems (``.problems``)
+    │   ├── CatalogInvalid           a catalog file with one or more problems (``.problems``)
+    │   └── NotFound                 a named pool, workflow or task does not exist
     ├── ServiceUnavailable           a service Lanes needs did not answer in time
     │   ├── RedisUnavailable
     │   └── DatabaseUnavailable
@@ -43,6 +44,10 @@ class CatalogInvalid(InvalidInput):
         count = len(self.problems)
         head = f"{count} problem{'s' if count != 1 else ''} in the catalog; nothing was written"
         super().__init__(head + "\n" + "\n".join(f"  {p}" for p in self.problems))
+
+
+class NotFound(InvalidInput):
+    """A request named a pool or workflow the catalog does not have (HTTP 404)."""
 
 
 class ServiceUnavailable(LanesError):
@@ -128,6 +133,7 @@ __all__ = [
     "LanesError",
     "InvalidInput",
     "CatalogInvalid",
+    "NotFound",
     "ServiceUnavailable",
     "RedisUnavailable",
     "DatabaseUnavailable",

@@ -24,6 +24,7 @@ from lanes.catalog import PoolInfo
 from lanes.catalog.controllers import KINDS, OFF
 from lanes.control.store import ControlState, ControlStore
 from lanes.lane import Lane
+from lanes.metrics import width_changed
 from lanes.settings import Settings
 
 log = logging.getLogger("lanes.control")
@@ -85,6 +86,11 @@ class WidthAuthority:
             return None
         lane.resize(wanted)
         log.info("pool %s: lane width %d -> %d", pool.name, stats.width, wanted)
+        if not running_kinds(pool):
+            # The catalog's width (catalog apply, set-width, a controller turned off). A
+            # controller's decision is counted once, by the loop that made it, not again
+            # by every follower that brings its lane to it.
+            width_changed(pool.name, "configured", stats.width, wanted)
         return wanted
 
 

@@ -102,6 +102,9 @@ class Settings(BaseSettings):
     redis_url: str | None = Field(default=None, description="Redis for lanes, broker and results")
     database_url: str | None = Field(default=None, description="SQLAlchemy URL of the catalog")
     api_token: SecretStr | None = Field(default=None, description="bearer token of the admin API")
+    flower_basic_auth: SecretStr | None = Field(
+        default=None, description="`lanes flower`'s logins: user:password, several separated by commas",
+    )
     state_dir: Path = Field(default_factory=default_state_dir)
     key_prefix: str = Field(default="lanes:v2", description="prefix of every Redis key Lanes writes")
 
@@ -136,6 +139,9 @@ class Settings(BaseSettings):
     farm_limits_url: str | None = Field(default=None, description="JSON of the farm's per-service limits")
     lane_check_seconds: float = Field(default=300.0, gt=0, description="period of the lane-config check")
     beat_lock_seconds: float = Field(default=60.0, ge=5, description="a dead beat's lock lapses after this")
+    # Prometheus exposition of a fleet worker (``lanes worker``): /metrics on
+    # this port; 0 serves nothing (the default, so tests and laptops open no port).
+    metrics_port: int = Field(default=0, ge=0, le=65_535, description="port of a worker's /metrics; 0 = off")
     max_payload_bytes: int = Field(default=1_048_576, ge=1_024, description="largest request payload, as JSON")
     idempotency_claim_seconds: float = Field(
         default=10.0, gt=0, description="how long an idempotency key stays bound to a task not yet sent"
@@ -178,6 +184,21 @@ class Settings(BaseSettings):
     def _prefix_has_no_braces(cls, value: str) -> str:
         if "{" in value or "}" in value or not value:
             raise ValueError(f"key prefix {value!r} must be non-empty and hold no braces")
+        return value
+
+    @field_validator("flower_basic_auth")
+    @classmethod
+    def _logins_are_user_password(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        for login in value.get_secret_value().split(","):
+            user, sep, password = login.strip().partition(":")
+            if not sep or not user or not password:
+                # Name the user, never the password.
+                raise ValueError(
+                    f"LANES_FLOWER_BASIC_AUTH entry for user {user or '(empty)'!r} is not user:password; "
+                    "give user:password (several separated by commas)"
+                )
         return value
 
     @model_validator(mode="after")

@@ -27,6 +27,13 @@ def main(argv: list[str] | None = None) -> int:
         app = make_beat_app(settings, redis_url)
         app.lanes_settings = settings
         app.lanes_jobs = SchedulerJobs(settings, redis_url)
+        if settings.metrics_port:
+            # The beat's counts (memory runs it created) and the lane gauges.
+            from lanes.metrics import install
+            from lanes.metrics.exposition import serve
+
+            install(settings)
+            serve(settings.metrics_port)
     except LanesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

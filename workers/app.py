@@ -15,7 +15,8 @@ from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, Reject
 from celery.worker import state as worker_state
 
-from lanes.celery_client import ROUTE_TASK, make_celery
+from lanes import metrics
+from lanes.celery_client import HOSTED_FLEET, ROUTE_TASK, make_celery, shown_arguments
 from lanes.errors import (
     AcquireCancelled,
     CandidatesExhausted,
@@ -30,7 +31,9 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
+from workers.in_flower import LaneEventSender, LanesInfo
 from workers.memgate import MemoryGate, MemoryGateWatcher
+from workers.metrics import MetricsEndpoint
 from workers.presence import PresenceHeartbeat
 from workers.runs import RunLeases
 
@@ -55,6 +58,8 @@ class WorkerContext:
             gate = MemoryGate(settings.memory_gate_high, settings.memory_gate_low)
             if gate.enabled:
                 self.memory = MemoryGateWatcher(gate, [], in_flight=lambda: len(self.cancels)).start()
+        # More listeners of the walker for this worker (Flower's lane events).
+        self.observers: list = []
         self._runtime: Runtime | None = None
         self._runs: RunLeases | None = None
         self._lock = threading.Lock()
@@ -63,6 +68,7 @@ class WorkerContext:
         with self._lock:
             if self._runtime is None:
                 self._runtime = Runtime(self.settings, redis_url=self.redis_url)
+                self._runtime.observers.extend(self.observers)
                 self._runtime.start_steward()
             return self._runtime
 
@@ -110,6 +116,10 @@ def create_app(
     app.steps["consumer"].add(BackgroundConsumer)
     app.steps["consumer"].add(MemoryGateHandle)
     app.steps["worker"].add(PresenceHeartbeat)
+    app.steps["worker"].add(MetricsEndpoint)
+    # Lanes in Flower: each task's lane events, each worker's lanes in its stats.
+    context.observers.append(LaneEventSender(app))
+    app.steps["worker"].add(LanesInfo)
 
     # The width follower and control loop start with the worker, not with its
     # first task: a freshly (re)started worker must bring lanes to the width
@@ -169,6 +179,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if lease is None:
                 # Another delivery runs this task now (the broker handed it out
                 # again): look again later, in case that one dies.
+                count_retry(walker, request, "duplicate_delivery")
                 raise task.retry(countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
             result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
                                  delivered_at=delivered_at)
@@ -177,18 +188,25 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if cancellation.reason == "revoked":
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
                 raise Ignore() from None
+            count_retry(walker, request, "shutdown")
             if _hand_back_at_front(task_id):
                 raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
+            count_retry(walker, request, "requeued")
             if not walker.called:
                 raise Reject(str(exc), requeue=True) from None
-            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None) from None
+            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None,
+                             **_shown(runtime, request)) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
             untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
             if untried and _may_retry(request, task.request.retries, countdown):
+                count_retry(walker, request, "redis_unavailable" if isinstance(exc, RedisUnavailable)
+                            else "candidates_exhausted")
                 raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
+                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
+                                 **_shown(runtime, request))
             raise
     finally:
         if lease is not None:
@@ -199,6 +217,18 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 runtime.traces.save(walker.trace)
             except Exception:  # the trace is a report; losing it must not lose the task
                 log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+
+
+def count_retry(walker: Walker | None, request: RouteRequest, reason: str) -> None:
+    """Seed 000's retry metric: a task going back to its queue, by reason and by
+    the last HTTP status its walk got (a 529 from upstream is told from a 429 of
+    a quota this way), under the pool of its last candidate (else its primary's)."""
+    try:
+        steps = walker.trace.steps if walker is not None and walker.trace is not None else []
+        primary = walker.rt.workflow(request.workflow).candidates[0].pool if walker is not None else None
+        metrics.retried_walk(steps, reason, primary.name if primary is not None else "")
+    except Exception:  # a count must never change how the task ends
+        log.warning("could not count the retry of %s", request.task_id, exc_info=True)
 
 
 def _finished(task, task_id: str) -> bool:
@@ -240,6 +270,12 @@ def _hand_back_at_front(task_id: str) -> bool:
 def _carrying(request: RouteRequest, called: list[str]) -> dict:
     """The task's message for its next delivery, naming the candidates already called."""
     return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called]))}
+
+
+def _shown(runtime: Runtime, request: RouteRequest) -> dict:
+    """The retried message shows Flower the routing, never the request (as submit does)."""
+    return shown_arguments(workflow=request.workflow, priority=request.priority,
+                           fleet=runtime.workflow(request.workflow).fleet or HOSTED_FLEET, deadline=request.deadline)
 
 
 def _may_retry(request: RouteRequest, retries: int, countdown: float) -> bool:

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lanes.catalog import RoutingTable
-from lanes.celery_client import HOSTED_FLEET, fleet_queues
+from lanes.celery_client import fleet_names, fleet_queues  # noqa: F401 (fleet_names: its old home)
 from lanes.errors import InvalidInput
 from lanes.settings import Settings
 
@@ -55,10 +55,6 @@ class FleetPlan:
             f"fleet {self.fleet}: width {self.width}; {self.foreground_threads} threads for {self.foreground_queue}, "
             f"{self.background_threads} for {self.background_queue}"
         )
-
-
-def fleet_names(table: RoutingTable) -> list[str]:
-    return sorted({route.fleet or HOSTED_FLEET for route in table.workflows.values() if route.candidates})
 
 
 def fleet_width(pool) -> int:

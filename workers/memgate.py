@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from lanes.metrics import memory_gate
+
 log = logging.getLogger("lanes.worker")
 
 CGROUP = Path("/sys/fs/cgroup")
@@ -105,6 +107,7 @@ class MemoryGate:
         state.last_ratio = ratio
         if ratio is None:
             state.engaged = False  # an unreadable source never blocks
+            memory_gate(False, None)
             return True
         if not state.engaged:
             if ratio >= self.high:
@@ -115,6 +118,7 @@ class MemoryGate:
         elif ratio < self.low or in_flight <= self.drain_fraction * (state.in_flight_at_gate or 0):
             state.engaged = False
             log.info("memory gate released at %.0f%% with %d in flight", ratio * 100, in_flight)
+        memory_gate(state.engaged, ratio)
         return not state.engaged
 
 

@@ -30,6 +30,7 @@ from celery import Celery, signals
 from celery.exceptions import Reject
 
 from lanes.celery_client import make_celery
+from lanes.metrics import retried_walk
 from lanes.errors import AcquireCancelled, InvalidInput, RedisUnavailable, RoutingError
 from lanes.memory import MEMORY_WORKFLOW, hour_messages, open_memory
 from lanes.memory.dispatch import MEMORY_QUEUE, MEMORY_TASK
@@ -113,6 +114,7 @@ def run_memory(task, context: MemoryContext, run_id: int) -> dict:
         if run.attempts < settings.memory_max_attempts:
             delay = retry_delay(settings, run.attempts)
             retry_run(engine, run_id, error, now=clock.now())
+            retried_walk(walker.trace.steps if walker.trace is not None else [], "memory_attempt_failed")
             log.info("memory run %s attempt %s failed (%s); retry in %.1fs", run_id, run.attempts, error, delay)
             raise task.retry(countdown=delay, exc=exc)
         fail_run(engine, run_id, error, now=clock.now())

@@ -16,6 +16,7 @@ dies is restarted with a short backoff.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from dataclasses import dataclass
 from lanes.catalog import RoutingTable, catalog_stamp, load_routing
 from lanes.errors import InvalidInput, LanesError
 from lanes.memory import MEMORY_WORKFLOW, open_memory
+from lanes.metrics.exposition import supervised
+from lanes.routing.view import CatalogView
 from lanes.settings import Settings, load_settings
 
 STOP_GRACE_SECONDS = 30.0
@@ -60,6 +63,7 @@ class MemorySupervisor:
         self.engine = open_memory(settings)
         self._stop = threading.Event()
         self._child: subprocess.Popen | None = None
+        self.metrics = None  # /metrics (LANES_METRICS_PORT), served here as by the fleet supervisor
 
     def plan(self) -> MemoryFleetPlan:
         return plan_memory_fleet(load_routing(self.engine), self.settings)
@@ -70,28 +74,37 @@ class MemorySupervisor:
     def _start(self, plan: MemoryFleetPlan) -> subprocess.Popen:
         self.echo(f"memory fleet: {plan.concurrency} worker threads for {plan.pool or 'no pool'} width {plan.width}")
         return subprocess.Popen([sys.executable, "-m", "workers.memory", "--concurrency", str(plan.concurrency),
-                                 "--loglevel", self.loglevel])
+                                 "--loglevel", self.loglevel],
+                                env={**os.environ, **self.metrics.child_env()} if self.metrics else None)
+
+    def _exited(self, child: subprocess.Popen) -> None:
+        if self.metrics is not None:
+            self.metrics.child_exited(child.pid)
 
     def _stop_child(self) -> None:
         child = self._child
-        if child is None or child.poll() is not None:
+        if child is None:
             return
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(STOP_GRACE_SECONDS)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
+        if child.poll() is None:
+            child.send_signal(signal.SIGTERM)
+            try:
+                child.wait(STOP_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        self._exited(child)
 
     def run(self) -> int:
         plan = self.plan()  # a catalog without the workflow fails here, before anything starts
         version = catalog_stamp(self.engine)
+        self.metrics = supervised(self.settings, CatalogView(self.engine, refresh_seconds=5.0).table)
         self._child = self._start(plan)
         backoff = 1.0
         try:
             while not self._stop.wait(self.poll_seconds):
                 if self._child.poll() is not None:
                     self.echo(f"memory fleet: worker exited with {self._child.returncode}; restarting")
+                    self._exited(self._child)
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
                     self._child = self._start(plan)
@@ -109,6 +122,8 @@ class MemorySupervisor:
                     self._child = self._start(plan)
         finally:
             self._stop_child()
+            if self.metrics is not None:
+                self.metrics.close()
             self.engine.dispose()
         return 0
 

@@ -25,6 +25,7 @@ A worker that dies is restarted with a short backoff.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -37,7 +38,9 @@ import redis
 from lanes.catalog import RoutingTable, catalog_stamp, load_routing, open_catalog
 from lanes.celery_client import HOSTED_FLEET, make_celery
 from lanes.errors import InvalidInput
+from lanes.metrics.exposition import supervised
 from lanes.redis_conn import REDIS_UNAVAILABLE, connect, resolve_redis_url
+from lanes.routing.view import CatalogView
 from lanes.settings import Settings
 from workers.drain import drain_fleet
 from workers.fleet import FleetPlan, plan_fleet
@@ -99,6 +102,9 @@ class FleetSupervisor:
         self._grace = STOP_MARGIN_SECONDS
         self._redis: redis.Redis | None = None
         self._celery = None
+        # /metrics of this fleet (LANES_METRICS_PORT): served here, where the port
+        # outlives the worker children that are replaced side by side.
+        self.metrics = None
 
     # --- the plan -------------------------------------------------------------
 
@@ -145,7 +151,8 @@ class FleetSupervisor:
         hostname = self._hostname(plan)
         child = subprocess.Popen(
             [sys.executable, "-m", "workers.main", *plan.worker_args(), "--loglevel", self.loglevel,
-             "--hostname", hostname]
+             "--hostname", hostname],
+            env={**os.environ, **self.metrics.child_env()} if self.metrics else None,
         )
         child.lanes_hostname = hostname
         self._generation += 1
@@ -164,9 +171,21 @@ class FleetSupervisor:
                 time.sleep(0.5)
         return False
 
+    def _exited(self, child: subprocess.Popen) -> None:
+        if self.metrics is not None:
+            self.metrics.child_exited(child.pid)
+
     def _stop_child(self, child: subprocess.Popen | None, grace: float) -> None:
         """Warm stop within ``grace``; then cold (messages handed back at once); then kill."""
-        if child is None or child.poll() is not None:
+        if child is None:
+            return
+        try:
+            self._stop_gracefully(child, grace)
+        finally:
+            self._exited(child)
+
+    def _stop_gracefully(self, child: subprocess.Popen, grace: float) -> None:
+        if child.poll() is not None:
             return
         child.send_signal(signal.SIGTERM)
         try:
@@ -220,6 +239,7 @@ class FleetSupervisor:
     def run(self) -> int:
         plan = self.plan()  # an unknown fleet or a timeout that cannot fit fails here, before anything starts
         version = catalog_stamp(self.engine)
+        self.metrics = supervised(self.settings, CatalogView(self.engine, refresh_seconds=5.0).table)
         self._child = self._start(plan)
         self._drain_old_queues()
         backoff = 1.0
@@ -228,6 +248,7 @@ class FleetSupervisor:
                 self._drain_old_queues()
                 if self._child.poll() is not None:
                     self.echo(f"fleet {self.fleet}: worker exited with {self._child.returncode}; restarting")
+                    self._exited(self._child)
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
                     self._child = self._start(plan)
@@ -250,6 +271,8 @@ class FleetSupervisor:
             self._stop_child(self._child, self._grace)
             for thread in self._retiring:
                 thread.join()
+            if self.metrics is not None:
+                self.metrics.close()
         return 0
 
 

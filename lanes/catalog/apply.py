@@ -32,7 +32,12 @@ from lanes.catalog.state import (
     workflows_t,
 )
 from lanes.catalog.version import bump_version, lock_version
-from lanes.errors import CatalogInvalid, InvalidInput
+from lanes.errors import CatalogInvalid, InvalidInput, LanesError
+
+
+class CatalogMoved(LanesError):
+    """The catalog changed after the document was derived from it; nothing was written."""
+
 
 @dataclass(frozen=True)
 class Change:
@@ -98,16 +103,24 @@ def apply_document(
     dry_run: bool = False,
     prune: bool = False,
     checked_pool_deletions: Collection[str] | None = None,
+    based_on: int | None = None,
 ) -> ChangeSet:
     """Upsert ``document`` into the catalog. Raises CatalogInvalid before writing anything.
 
     ``checked_pool_deletions``: the pools a caller checked were safe to prune
     (from a dry run). If the catalog changed meanwhile so that the apply would
     delete another one, nothing is written and the caller is told to look again.
+
+    ``based_on``: the catalog version ``document`` was derived from (an
+    export with one change made, as a PATCH does). If another writer moved
+    the catalog since, :class:`CatalogMoved` is raised and nothing is
+    written, so a stale copy never undoes someone else's change.
     """
     desired = validate(document)
     with database_errors(engine), writing(engine) as conn:
         version = lock_version(conn)
+        if based_on is not None and version != based_on:
+            raise CatalogMoved(f"the catalog moved from version {based_on} to {version}")
         current = read_state(conn)
         plan = _Plan(current, desired, prune)
         if checked_pool_deletions is not None:

@@ -197,18 +197,21 @@ _TYPE_WORDS = {
 def pydantic_problems(prefix: str, exc: ValidationError, model: type[BaseModel]) -> list[str]:
     problems = []
     for error in exc.errors():
-        loc = error["loc"]
-        path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{_key(part)}" for part in loc)
-        kind = error["type"]
-        value = error.get("input")
-        if kind == "missing":
-            problems.append(f"{path}: missing (required)")
-        elif kind == "extra_forbidden":
-            problems.append(f"{path}: unknown key (known: {', '.join(model.model_fields)})")
-        elif kind in _TYPE_WORDS:
-            problems.append(f"{path}: {show(value)} is not {_TYPE_WORDS[kind]}")
-        elif kind == "value_error":
-            problems.append(f"{path}: {str(error['ctx']['error'])}")
-        else:
-            problems.append(f"{path}: {show(value)}: {error['msg']}")
+        path = prefix + "".join(f"[{part}]" if isinstance(part, int) else f".{_key(part)}" for part in error["loc"])
+        problems.append(problem_line(path, error, model.model_fields))
     return problems
+
+
+def problem_line(path: str, error: dict, known: Iterable[str] = ()) -> str:
+    """One pydantic error as a line naming its key path and the offending value."""
+    kind = error["type"]
+    value = error.get("input")
+    if kind == "missing":
+        return f"{path}: missing (required)"
+    if kind == "extra_forbidden":
+        return f"{path}: unknown key" + (f" (known: {', '.join(known)})" if known else "")
+    if kind in _TYPE_WORDS:
+        return f"{path}: {show(value)} is not {_TYPE_WORDS[kind]}"
+    if kind == "value_error":
+        return f"{path}: {str(error['ctx']['error'])}"
+    return f"{path}: {show(value)}: {error['msg']}"

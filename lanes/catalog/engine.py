@@ -106,11 +106,11 @@ def database_errors(url: object) -> Iterator[None]:
     try:
         yield
     except sa.exc.OperationalError as exc:
-        raise DatabaseUnavailable(f"catalog database {_show(url)} did not answer: {_first_line(exc)}") from None
+        raise DatabaseUnavailable(f"catalog database {_show(url)} did not answer: {first_line(exc)}") from None
     except sa.exc.InterfaceError as exc:
-        raise DatabaseUnavailable(f"catalog database {_show(url)} did not answer: {_first_line(exc)}") from None
+        raise DatabaseUnavailable(f"catalog database {_show(url)} did not answer: {first_line(exc)}") from None
     except sa.exc.SQLAlchemyError as exc:
-        raise LanesError(f"catalog database {_show(url)} refused the operation: {_first_line(exc)}") from None
+        raise LanesError(f"catalog database {_show(url)} refused the operation: {first_line(exc)}") from None
 
 
 def _show(url: object) -> str:
@@ -119,7 +119,7 @@ def _show(url: object) -> str:
     return str(mask_url(str(url)))
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     inner = getattr(exc, "orig", None) or exc
     text = str(inner).strip().splitlines()
     return text[0] if text else type(inner).__name__

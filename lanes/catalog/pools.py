@@ -9,7 +9,7 @@ from lanes.catalog.engine import database_errors, writing
 from lanes.catalog.routing import PoolInfo, load_routing
 from lanes.catalog.state import pools_t
 from lanes.catalog.version import bump_version, lock_version
-from lanes.errors import InvalidInput
+from lanes.errors import InvalidInput, NotFound
 
 
 def set_pool_width(engine: Engine, name: str, width: int) -> PoolInfo:
@@ -23,7 +23,7 @@ def set_pool_width(engine: Engine, name: str, width: int) -> PoolInfo:
         row = conn.execute(sa.select(pools_t).where(pools_t.c.name == name)).mappings().first()
         if row is None:
             names = sorted(conn.execute(sa.select(pools_t.c.name)).scalars())
-            raise InvalidInput(f"unknown pool {name!r} (known: {', '.join(names) or 'none'})")
+            raise NotFound(f"unknown pool {name!r} (known: {', '.join(names) or 'none'})")
         if not row["floor"] <= width <= row["ceiling"]:
             raise InvalidInput(
                 f"width {width} is outside pool {name!r}'s floor..ceiling {row['floor']}..{row['ceiling']}; "

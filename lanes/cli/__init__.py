@@ -34,6 +34,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "sim": ("lanes.cli.sim", "Run the simulated vLLM fleet."),
     "submit": ("lanes.cli.submit", "Submit work to a workflow."),
     "result": ("lanes.cli.result", "Show a task's result and routing trace."),
+    "revoke": ("lanes.cli.revoke", "Revoke a task (a lane wait is cancelled at once)."),
     "events": ("lanes.cli.events", "List routing events."),
     "worker": ("lanes.cli.worker", "Run a Celery worker for one fleet."),
     "demo": ("lanes.cli.demo", "Run the whole product on embedded defaults."),
@@ -41,6 +42,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "memory": ("lanes.cli.memory", "Enqueue and list hourly memory runs; run the memory workers."),
     "beat": ("lanes.cli.beat", "Run the scheduler (one active beat fleet-wide)."),
     "check": ("lanes.cli.check", "Check the lane pools against the farm's services."),
+    "api": ("lanes.cli.api", "Serve the HTTP API (submit, results, pools, events)."),
+    "flower": ("lanes.cli.flower", "Run Flower with every lane queue, task routing and worker lanes."),
+    "top": ("lanes.cli.top", "A live view of every lane (q quits)."),
 }
 
 

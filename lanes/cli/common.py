@@ -17,7 +17,7 @@ from lanes.errors import InvalidInput
 from lanes.settings import Settings, load_settings, unknown_variables
 
 # Values of these settings are never echoed back: they may hold a password.
-_SECRET_FIELDS = {"redis_url", "database_url", "api_token"}
+_SECRET_FIELDS = {"redis_url", "database_url", "api_token", "flower_basic_auth"}
 
 _warned = False
 

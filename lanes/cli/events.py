@@ -7,9 +7,10 @@ import time
 import click
 
 from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
-from lanes.embedded import client_redis_url
-from lanes.redis_conn import connect
-from lanes.routing.events import EventLog
+
+
+# Keys of an event that have a column of their own; the rest is its detail.
+_COLUMNS = {"id", "time", "kind", "pool", "workflow"}
 
 
 @click.command(name="events")
@@ -22,20 +23,19 @@ from lanes.routing.events import EventLog
 @pass_settings
 def command(settings, kind, pool, workflow, since, limit, as_json) -> None:
     """List routing events, newest first."""
-    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    from lanes.ops.events import list_events
+    from lanes.routing.client import LanesClient
+
+    client = LanesClient(settings)
     try:
-        log = EventLog(client, prefix=settings.key_prefix)
-        events = log.list(
-            kind=kind, pool=pool, workflow=workflow,
-            since=None if since is None else time.time() - since, limit=limit,
-        )
+        events = list_events(client, kind=kind, pool=pool, workflow=workflow, since=since, limit=limit)
     finally:
         client.close()
     if as_json:
-        emit_json([e.as_dict() for e in events])
+        emit_json(events)
         return
     rows = []
     for e in events:
-        detail = ", ".join(f"{k}={v}" for k, v in sorted(e.detail.items()))
-        rows.append([time.strftime("%H:%M:%S", time.localtime(e.time)), e.kind, e.pool, e.workflow, detail])
+        detail = ", ".join(f"{k}={v}" for k, v in sorted(e.items()) if k not in _COLUMNS)
+        rows.append([time.strftime("%H:%M:%S", time.localtime(e["time"])), e["kind"], e["pool"], e["workflow"], detail])
     emit_table(f"{len(events)} events", ["time", "kind", "pool", "workflow", "detail"], rows)

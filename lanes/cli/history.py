@@ -9,7 +9,8 @@ import click
 
 from lanes.cli.common import emit_json, pass_settings
 from lanes.errors import InvalidInput
-from lanes.memory import add_messages, check_message, open_memory, parse_json_lines
+from lanes.memory import check_message, parse_json_lines
+from lanes.ops.history import add_history
 
 
 @click.group(name="history")
@@ -40,14 +41,10 @@ def add(settings, path, chat_id, at, role, text, as_json) -> None:
         raise InvalidInput("give --chat, --at and --text for one message, or --file FILE.jsonl")
     else:
         messages = [check_message({"chat_id": chat_id, "at": at, "role": role, "text": text})]
-    engine = open_memory(settings)
-    try:
-        count = add_messages(engine, messages)
-    finally:
-        engine.dispose()
-    chats = len({m.chat_id for m in messages})
+    added = add_history(settings, messages)
+    count, chats = added["added"], added["chats"]
     if as_json:
-        emit_json({"added": count, "chats": chats})
+        emit_json(added)
     else:
         click.echo(f"added {count} message{'s' if count != 1 else ''} in {chats} chat{'s' if chats != 1 else ''}")
 

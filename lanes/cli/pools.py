@@ -4,30 +4,8 @@ from __future__ import annotations
 
 import click
 
-from lanes.catalog import load_routing, open_catalog
-from lanes.cli.common import emit_json, emit_table, json_option, live_workers, pass_settings
-from lanes.errors import InvalidInput
+from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
 from lanes.priority import Priority
-from lanes.embedded import client_redis_url
-from lanes.redis_conn import connect, eviction_warning
-
-
-def _authority(settings, client):
-    from lanes.control.store import ControlStore
-    from lanes.namespace import Namespace
-    from lanes.pools import WidthAuthority
-
-    return WidthAuthority(ControlStore(client, Namespace(settings.key_prefix)))
-
-
-def _lane(settings, client, pool):
-    from lanes.pools import pool_lane
-
-    return pool_lane(client, settings, pool, width=lambda: _authority(settings, client).width(pool))
-
-
-def _ms(seconds) -> float | None:
-    return None if seconds is None else round(seconds * 1000, 1)
 
 
 @click.group(name="pools", invoke_without_command=True)
@@ -44,43 +22,12 @@ def command(ctx, as_json) -> None:
 @pass_settings
 def show(settings, as_json) -> None:
     """Show every pool's lane as all workers see it, and each fleet's live workers."""
-    from lanes.pools import learned_applies, running_kinds
+    from lanes.ops.pools import pool_reports
+    from lanes.routing.client import LanesClient
 
-    table = load_routing(open_catalog(settings, create=False))
-    # A fleet is named after its primary pool; other pools have no workers of their own.
-    fleets = sorted({route.fleet for route in table.workflows.values() if route.fleet})
-    workers = live_workers(settings, fleets)
-    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    client = LanesClient(settings)
     try:
-        warning = eviction_warning(client)
-        authority = _authority(settings, client)
-        rows = []
-        for pool in sorted(table.pools.values(), key=lambda p: p.name):
-            stats = _lane(settings, client, pool).stats()
-            state = authority.state(pool)
-            rows.append({
-                "pool": pool.name,
-                "configured_width": pool.width,
-                "width": stats.width if stats.exists else pool.width,
-                "authority_width": authority.width(pool),
-                "floor": pool.floor,
-                "ceiling": pool.ceiling,
-                "controllers": running_kinds(pool),
-                # The loop's last decision, each controller's proposal, the signals it read.
-                "control": state.as_dict() if learned_applies(pool, state) else None,
-                "in_flight": stats.in_flight,
-                "queued": {p.label: stats.queued.get(p, 0) for p in Priority},
-                "mean_hold_ms": _ms(stats.mean_hold_seconds),
-                "wait_p50_ms": _ms(stats.wait_p50_seconds),
-                "wait_p95_ms": _ms(stats.wait_p95_seconds),
-                "grants": stats.grants,
-                "timeouts": stats.timeouts,
-                "cancels": stats.cancels,
-                "expired": stats.expired,
-                # Per priority and workflow with work: holders, waiters, slots still owed (shares).
-                "workflows": [share.as_dict() for share in stats.workflows],
-                "live_workers": workers.get(pool.name),
-            })
+        rows, warning = pool_reports(client)
     finally:
         client.close()
     if warning:
@@ -143,20 +90,15 @@ def set_width(settings, name, width) -> None:
     the controllers start again. Holders are never revoked on a shrink (they
     drain); on a growth waiters are granted immediately.
     """
-    from lanes.catalog import set_pool_width
+    from lanes.ops.pools import set_width
+    from lanes.routing.client import LanesClient
 
-    if width < 1:
-        raise InvalidInput(f"width {width} is not a width >= 1")
-    engine = open_catalog(settings, create=False)
-    pool = set_pool_width(engine, name, width)
-    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    client = LanesClient(settings)
     try:
-        lane = _lane(settings, client, pool)
-        _authority(settings, client).sync(pool, lane)
-        live = lane.stats()
+        _, live = set_width(client, name, width)
     finally:
         client.close()
-    click.echo(f"pool {name}: width {width}" + (f" (live lane {live.width})" if live.exists and live.width != width else ""))
+    click.echo(f"pool {name}: width {width}" + (f" (live lane {live})" if live != width else ""))
 
 
 @command.command()
@@ -167,12 +109,13 @@ def provision(settings) -> None:
     Only when no worker can hold a slot on them (a new deployment or a new
     Redis). After a Redis restart under load, let the quiet period run instead.
     """
+    from lanes.catalog import load_routing
+    from lanes.routing.client import LanesClient
     from lanes.routing.runtime import provision_lanes
 
-    table = load_routing(open_catalog(settings, create=False))
-    client = connect(client_redis_url(settings), timeout=settings.redis_timeout_seconds)
+    client = LanesClient(settings)
     try:
-        created = provision_lanes(client, settings, table)
+        created = provision_lanes(client.redis, settings, load_routing(client.engine))
     finally:
         client.close()
     click.echo(f"provisioned {len(created)} lane(s){': ' + ', '.join(sorted(created)) if created else ''}")

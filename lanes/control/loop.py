@@ -20,6 +20,7 @@ from lanes.control.laws import Bounds, Composed, Gauges, Signals, compose
 from lanes.control.scrape import Scraper
 from lanes.control.store import ControlStore
 from lanes.lane import Lane
+from lanes.metrics import width_changed
 from lanes.pools import kinds_text, learned_applies, running_kinds
 
 log = logging.getLogger("lanes.control")
@@ -125,6 +126,7 @@ class ControlLoop:
         if lane.stats().width != composed.width:
             lane.resize(composed.width)
         if changed:
+            width_changed(pool.name, composed.controller or composed.decision, old, composed.width)
             self.events.record("width_change", pool=pool.name, controller=composed.controller or composed.decision,
                                old=old, new=composed.width, reason=composed.reason, generation=generation)
         return composed

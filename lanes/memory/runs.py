@@ -24,6 +24,7 @@ from lanes.errors import InvalidInput
 from lanes.memory.hours import Window, as_utc, day_start, recent_window, retention_window, utc_day
 from lanes.memory.sql import insert_many_or_skip, upsert, write_transaction
 from lanes.memory.tables import RUN_STATUSES, enqueue_state_t, messages_t, notes_t, rollups_t, runs_t
+from lanes.metrics import memory_runs
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ def enqueue_runs(engine: Engine, *, now: datetime, full: bool, retention_days: i
                 ),
             },
         )
+    memory_runs("queued", len(created))  # after the commit: counted once they exist
     return EnqueueResult(
         scan="full" if full else "recent", window=window, created=created, deferred=len(held),
         cap_left=max(0, room - len(created)),
@@ -209,7 +211,9 @@ def claim_run(engine: Engine, run_id: int, *, now: datetime) -> RunRecord | None
         ).rowcount
         if not updated:
             return None
-        return RunRecord.from_row(conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id)).one())
+        run = RunRecord.from_row(conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id)).one())
+    memory_runs("running")
+    return run
 
 
 def complete_run(engine: Engine, run_id: int, notes: list[str], *, now: datetime) -> int:
@@ -226,6 +230,7 @@ def complete_run(engine: Engine, run_id: int, notes: list[str], *, now: datetime
         conn.execute(
             runs_t.update().where(runs_t.c.id == run_id).values(status="done", error=None, updated_at=as_utc(now))
         )
+    memory_runs("done")
     return len(notes)
 
 
@@ -241,11 +246,12 @@ def fail_run(engine: Engine, run_id: int, error: str, *, now: datetime) -> None:
 def requeue_unstarted(engine: Engine, run_id: int, *, now: datetime) -> None:
     """The attempt never reached a backend (a shutdown, a requeued lane wait): give it back."""
     with database_errors(engine), engine.begin() as conn:
-        conn.execute(
+        given_back = conn.execute(
             runs_t.update().where(runs_t.c.id == run_id, runs_t.c.status == "running")
             .values(status="queued", attempts=sa.case((runs_t.c.attempts > 0, runs_t.c.attempts - 1), else_=0),
                     updated_at=as_utc(now))
-        )
+        ).rowcount
+    memory_runs("queued", given_back)
 
 
 def _set_status(engine: Engine, run_id: int, status: str, error: str, now: datetime) -> None:
@@ -254,6 +260,7 @@ def _set_status(engine: Engine, run_id: int, status: str, error: str, now: datet
             runs_t.update().where(runs_t.c.id == run_id)
             .values(status=status, error=error[:2000], updated_at=as_utc(now))
         )
+    memory_runs(status)
 
 
 def notes_of(engine: Engine, chat_id: str, hour: datetime | None = None) -> list[dict]:

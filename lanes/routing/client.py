@@ -24,7 +24,7 @@ import redis
 from celery.result import AsyncResult
 
 from lanes.catalog import RoutingTable, open_catalog
-from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for
+from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for, shown_arguments
 from lanes.embedded import client_redis_url
 from lanes.errors import InvalidInput, RedisUnavailable
 from lanes.presence import WorkerPresence
@@ -119,6 +119,8 @@ class LanesClient:
                 task_id=request.task_id,
                 queue=queue_for(route.fleet or HOSTED_FLEET, chosen),
                 priority=MESSAGE_PRIORITY[chosen],
+                **shown_arguments(workflow=workflow, priority=chosen, fleet=route.fleet or HOSTED_FLEET,
+                                  deadline=request.deadline),
             )
         except Exception as exc:
             if binding is not None:
@@ -126,7 +128,7 @@ class LanesClient:
                     binding.release(request.task_id)
                 except redis.RedisError:
                     pass  # the claim lapses on its own
-            detail = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+            detail = _first_line(exc)
             raise RedisUnavailable(
                 f"could not enqueue the task: Redis at {mask_url(self.redis_url)} did not answer ({detail}); "
                 "check that it runs and LANES_REDIS_URL points at it"
@@ -157,8 +159,7 @@ class LanesClient:
 
     def result(self, task_id: str) -> dict:
         """State, answer or error, and the routing trace of every attempt."""
-        if not isinstance(task_id, str) or not task_id.strip() or len(task_id) > 255 or task_id != task_id.strip():
-            raise InvalidInput(f"task id {task_id!r} is not a task id; pass the id `lanes submit` printed")
+        _check_task_id(task_id)
         result = self.celery.AsyncResult(task_id)
         state = result.state
         out: dict = {"task_id": task_id, "state": state, "attempts": self.traces.load(task_id)}
@@ -173,6 +174,24 @@ class LanesClient:
             )
         return out
 
+    def revoke(self, task_id: str) -> dict:
+        """Revoke ``task_id`` on every worker; its report as it stands now.
+
+        A queued task is dropped when a worker receives it; a task waiting in
+        a lane has its wait cancelled within a fraction of a second
+        (``workers/cancel.py``), leaving nothing queued or held. A backend call
+        already under way runs to its end: the threads pool cannot stop it.
+        """
+        _check_task_id(task_id)
+        try:
+            self.celery.control.revoke(task_id)
+        except Exception as exc:
+            detail = _first_line(exc)
+            raise RedisUnavailable(
+                f"could not revoke task {task_id}: Redis at {mask_url(self.redis_url)} did not answer ({detail})"
+            ) from None
+        return self.result(task_id)
+
     def close(self) -> None:
         if "redis" in self.__dict__:
             self.redis.close()
@@ -180,6 +199,15 @@ class LanesClient:
             self.celery.close()
         if "engine" in self.__dict__:
             self.engine.dispose()
+
+
+def _first_line(exc: BaseException) -> str:
+    return next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+
+
+def _check_task_id(task_id: object) -> None:
+    if not isinstance(task_id, str) or not task_id.strip() or len(task_id) > 255 or task_id != task_id.strip():
+        raise InvalidInput(f"task id {task_id!r} is not a task id; pass the id `lanes submit` printed")
 
 
 _default: LanesClient | None = None

@@ -174,6 +174,14 @@ class EventLog:
             end = f"{ms}-{seq - 1}" if seq > 0 else f"{ms - 1}"
         return found
 
+    def newer(self, than: str | None, *, since: float, count: int = 10_000) -> list[Event]:
+        """Oldest first: events after entry ``than`` (or, without one, from ``since``), at most ``count``.
+
+        A reader that keeps the last id it saw reads each event once (``lanes top``).
+        """
+        start = f"({than}" if than else f"{int(since * 1000)}-0"
+        return [_decode(entry_id, fields) for entry_id, fields in self._client.xrange(self._key, min=start, count=count)]
+
     def count(self) -> int:
         return int(self._client.xlen(self._key))
 

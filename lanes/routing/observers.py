@@ -77,10 +77,26 @@ class Bypass:
     task_id: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class WaitEnd:
+    """A lane wait that ended without a slot: ``outcome`` ``timeout`` (its time
+    limit) or ``cancelled`` (the task was revoked, or its worker is stopping)."""
+
+    workflow: str
+    model: str
+    pool: str
+    priority: Priority
+    outcome: str
+    wait_seconds: float
+    task_id: str | None = None
+
+
 class Observer(Protocol):
     def on_attempt(self, attempt: Attempt) -> None: ...
 
     def on_bypass(self, bypass: Bypass) -> None: ...
+
+    def on_wait_end(self, wait: WaitEnd) -> None: ...
 
 
 class BaseObserver:
@@ -92,18 +108,25 @@ class BaseObserver:
     def on_bypass(self, bypass: Bypass) -> None:
         return None
 
+    def on_wait_end(self, wait: WaitEnd) -> None:
+        return None
 
-def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
+
+def _notify(observers: Sequence[Observer], hook: str, report, what: str) -> None:
     for observer in observers:
         try:
-            observer.on_attempt(attempt)
+            getattr(observer, hook)(report)
         except Exception:  # a report must never lose the answer it reports on
-            log.warning("observer %r failed on an attempt of %s", observer, attempt.model, exc_info=True)
+            log.warning("observer %r failed on %s of %s", observer, what, report.model, exc_info=True)
+
+
+def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
+    _notify(observers, "on_attempt", attempt, "an attempt")
+
+
+def notify_wait_end(observers: Sequence[Observer], wait: WaitEnd) -> None:
+    _notify(observers, "on_wait_end", wait, "a lane wait")
 
 
 def notify_bypass(observers: Sequence[Observer], bypass: Bypass) -> None:
-    for observer in observers:
-        try:
-            observer.on_bypass(bypass)
-        except Exception:
-            log.warning("observer %r failed on a bypass of %s", observer, bypass.model, exc_info=True)
+    _notify(observers, "on_bypass", bypass, "a bypass")

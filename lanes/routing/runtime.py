@@ -7,8 +7,7 @@ the authority's width, and a changed catalog is followed through it, never
 by writing the catalog width over a learned one.
 
 ``observers`` is the list the walker reports every attempt and bypass to
-(breakers and routing events to begin with; controllers and metrics add
-themselves). ``control_generation`` is asked, right after a slot is granted,
+(breakers, routing events, controllers and process metrics). ``control_generation`` is asked, right after a slot is granted,
 which controller generation the admission falls under (None: no controller).
 """
 
@@ -24,6 +23,7 @@ from lanes.control.observer import ControlObserver
 from lanes.control.store import ControlStore
 from lanes.errors import InvalidInput
 from lanes.lane import Lane
+from lanes.metrics.observer import MetricsObserver
 from lanes.namespace import Namespace
 from lanes.pools import WidthAuthority, lane_key, pool_lane, running_kinds
 from lanes.redis_conn import connect, resolve_redis_url
@@ -77,7 +77,9 @@ class Runtime:
         self.control = ControlStore(self.client, Namespace(settings.key_prefix))
         self.authority = WidthAuthority(self.control)
         # Everything that wants to hear how each backend call ended (walker -> observers).
-        self.observers: list[Observer] = [BreakerObserver(self.breakers), EventObserver(self.events), ControlObserver(self)]
+        self.observers: list[Observer] = [
+            BreakerObserver(self.breakers), EventObserver(self.events), ControlObserver(self), MetricsObserver(),
+        ]
         self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_widths)
         self._lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}

@@ -21,7 +21,8 @@ fit its next step asks to be requeued (:class:`RequeueRequested`), carrying
 the candidates already called so no backend is called again for the task.
 
 The walker does not feed breakers or events itself: it reports one
-:class:`Attempt` per call and one :class:`Bypass` per candidate passed over to
+:class:`Attempt` per call, one :class:`Bypass` per candidate passed over and
+one :class:`WaitEnd` per lane wait that ended without a slot to
 the runtime's observers and to the walk's trace (:mod:`lanes.routing.observers`).
 After a successful call, releasing the slot and every report are best effort:
 the answer is returned whatever Redis says (an unreleased slot's lease expires).
@@ -48,7 +49,7 @@ from lanes.errors import (
 )
 from lanes.priority import Priority
 from lanes.routing.budget import WalkBudget, start_budget
-from lanes.routing.observers import Attempt, Bypass, notify_attempt, notify_bypass
+from lanes.routing.observers import Attempt, Bypass, WaitEnd, notify_attempt, notify_bypass, notify_wait_end
 from lanes.routing.request import RouteRequest
 from lanes.routing.trace import Trace
 
@@ -223,8 +224,12 @@ class Walker:
             if wait_limit <= 0:
                 raise AcquireTimeout("no time left to wait")
             return lane.acquire(request.priority, timeout=wait_limit, cancel=cancel, workflow=request.workflow)
+        except AcquireCancelled:
+            self._wait_ended(route, model, request, "cancelled", time.monotonic() - started)
+            raise
         except AcquireTimeout:
             waited = time.monotonic() - started
+            self._wait_ended(route, model, request, "timeout", waited)
             trace.step(model.name, model.pool.name, "wait_timeout", wait_ms=_ms(waited))
             if admission is None or admission > wait_room:
                 raise RequeueRequested(
@@ -324,6 +329,11 @@ class Walker:
             self.rt.breakers.give_back(model.name, trial)
         except Exception:  # the trial period ends on its own
             log.warning("could not give back the breaker trial of %s", model.name, exc_info=True)
+
+    def _wait_ended(self, route, model, request, outcome: str, waited: float) -> None:
+        wait = WaitEnd(workflow=route.name, model=model.name, pool=model.pool.name, priority=request.priority,
+                       outcome=outcome, wait_seconds=waited, task_id=request.task_id)
+        notify_wait_end(self.rt.observers, wait)
 
     def _bypass(self, trace, route, model, request, reason: str, **detail) -> None:
         bypass = Bypass(

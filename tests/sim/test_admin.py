@@ -86,7 +86,8 @@ def test_a_hung_request_holds_its_slot_until_the_client_gives_up(start_sim):
 
 
 async def test_reset_zeroes_counters_and_restarts_peaks_from_now(start_sim):
-    sim = start_sim(SimModel(name="m", capacity=1, service_ms=1500))
+    # Slow enough that nothing ends before the reset, even on a loaded machine.
+    sim = start_sim(SimModel(name="m", capacity=1, service_ms=4_000))
     async with async_client(sim) as client:
         calls = [asyncio.create_task(client.post("/chat/completions", json=chat_body("m"))) for _ in range(2)]
         await aeventually(lambda: sim.stats()["m"]["in_flight"] == 2, what="2 in flight")

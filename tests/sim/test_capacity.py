@@ -101,7 +101,8 @@ def test_models_sharing_a_device_are_also_counted_together():
 
     from lanes.sim import SimModel, Simulator
 
-    models = [SimModel(name=n, capacity=2, service_ms=150.0, device="gpu1") for n in ("draw", "music")]
+    # Calls long enough that the three overlap even on a loaded machine.
+    models = [SimModel(name=n, capacity=2, service_ms=3_000.0, device="gpu1") for n in ("draw", "music")]
     with Simulator(models + [SimModel(name="solo", capacity=2, service_ms=10.0)], port=0) as sim:
         def call(name):
             httpx.post(sim.base_url + "/chat/completions", json={"model": name, "messages": []}, timeout=10)

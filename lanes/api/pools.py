@@ -1,0 +1,71 @@
+"""``/v1/pools`` and ``/v1/workflows``: live lanes, and changing them with PATCH.
+
+A PATCH body names only the fields to change: left out, a field is
+unchanged; ``null`` restores the default a catalog file gets when it leaves
+the key out. It is validated as the catalog file is, written through the
+catalog's writer, and a pool's new width reaches its live lane through the
+width authority before the answer is sent (:mod:`lanes.ops.patch`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Body, Depends, Request
+
+from lanes.api.auth import require_token
+from lanes.ops.patch import POOLS, WORKFLOWS, item_document, patch_pool, patch_workflow
+from lanes.ops.pools import pool_reports
+
+router = APIRouter(prefix="/v1", tags=["pools"])
+
+
+def _patch_body(section) -> Any:
+    return Body(
+        description=(
+            f"The {section.noun} fields to change, as in the catalog file: {', '.join(section.fields)}. "
+            "A field left out is unchanged; null restores its default."
+        ),
+        examples=[{"width": 6, "ceiling": 8}] if section is POOLS else [{"reserve_ms": 500, "deadline_ms": None}],
+    )
+
+
+@router.get("/pools")
+def list_pools(request: Request) -> dict:
+    """Every pool's lane as all workers see it (as ``lanes pools --json``)."""
+    rows, warning = pool_reports(request.app.state.client)
+    return {"pools": rows, "warnings": [warning] if warning else []}
+
+
+@router.get("/pools/{name}")
+def get_pool(name: str, request: Request) -> dict:
+    rows, _ = pool_reports(request.app.state.client, name)
+    return rows[0]
+
+
+@router.patch("/pools/{name}", dependencies=[Depends(require_token)])
+def change_pool(name: str, request: Request, changes: dict[str, Any] = _patch_body(POOLS)) -> dict:
+    """Change a pool (width, floor, ceiling, controller...); a width change reaches the live lane now."""
+    client = request.app.state.client
+    changed, _live_width = patch_pool(client, name, changes)
+    rows, _ = pool_reports(client, name)
+    return {"pool": rows[0], "catalog": item_document(client, POOLS, name), **_changes(changed)}
+
+
+@router.get("/workflows/{name}")
+def get_workflow(name: str, request: Request) -> dict:
+    """A workflow as the catalog file says it."""
+    return item_document(request.app.state.client, WORKFLOWS, name)
+
+
+@router.patch("/workflows/{name}", dependencies=[Depends(require_token)])
+def change_workflow(name: str, request: Request, changes: dict[str, Any] = _patch_body(WORKFLOWS)) -> dict:
+    """Change a workflow (priority, reserve_ms, deadline_ms, candidates...)."""
+    client = request.app.state.client
+    changed = patch_workflow(client, name, changes)
+    return {"workflow": item_document(client, WORKFLOWS, name), **_changes(changed)}
+
+
+def _changes(changed) -> dict:
+    summary = changed.to_dict()
+    return {"catalog_version": summary["version"], "changes": summary["changes"]}
