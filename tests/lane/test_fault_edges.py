@@ -50,8 +50,11 @@ def test_evicted_holder_entries_with_meta_kept_are_repaired_not_left_high(make_l
     lane.client.delete(holders, hinfo)   # what an allkeys eviction of those two keys leaves
     stats = lane.stats()
     assert int(lane.client.hget(meta, "inflight")) == 0 and stats.repairs == 1
+    # The holder counts per workflow are recounted from the entries too.
+    assert stats.workflows == () and int(lane.client.hget(meta, "h:0:") or 0) == 0
     again = [lane.try_acquire(I), lane.try_acquire(I)]
     assert all(again), "the width is usable again"
+    assert [(w.workflow, w.in_flight) for w in lane.stats().workflows] == [("", 2)]
     for permit in held + again:
         permit.release()
 
