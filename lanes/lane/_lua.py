@@ -278,30 +278,61 @@ def call_with_run(pool, sha: str, keys: list, args: list):
                 raise
 
 
+class _Checkout:
+    """One script call on a connection checked out for it. After a whole
+    reply (an error reply too) the connection goes back as it is; after any
+    other failure it is dropped first, and an I/O failure after the send
+    (``sent``) is a lost reply: :class:`ReplyLost`, never sent again here."""
+
+    def __init__(self, pool, conn) -> None:
+        self.pool, self.conn, self.sent = pool, conn, False
+
+    def _outcome(self, exc) -> tuple[bool, Exception | None]:
+        """(clean, the ReplyLost to raise instead of ``exc``, if any)."""
+        if exc is None or isinstance(exc, ResponseError):
+            return True, None
+        if self.sent and isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            return False, ReplyLost(f"no reply to a lane script call: {exc}")
+        return False, None
+
+    def __enter__(self) -> "_Checkout":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        clean, lost = self._outcome(exc)
+        try:
+            if not clean:
+                self.conn.disconnect()
+        finally:
+            self.pool.release(self.conn)
+        if lost is not None:
+            raise lost from exc
+        return False
+
+    async def __aenter__(self) -> "_Checkout":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        clean, lost = self._outcome(exc)
+        try:
+            if not clean:
+                await self.conn.disconnect()
+        finally:
+            await self.pool.release(self.conn)
+        if lost is not None:
+            raise lost from exc
+        return False
+
+
 def _call_once(pool, sha: str, keys: list, args: list):
     conn = pool.get_connection()
-    clean = sent = False
-    try:
+    with _Checkout(pool, conn) as call:
         if conn._sock is None or conn._sock is not getattr(conn, "_lanes_sock", None):
             conn.connect()
             _learn_run(conn)
         conn.send_command("EVALSHA", sha, len(keys), *keys, *args, conn._lanes_run)
-        sent = True
-        try:
-            reply = conn.read_response()
-        except ResponseError:
-            clean = True
-            raise
-        clean = True
-        return reply
-    except (ConnectionError, TimeoutError, OSError) as exc:
-        if sent:
-            raise ReplyLost(f"no reply to a lane script call: {exc}") from exc
-        raise
-    finally:
-        if not clean:
-            conn.disconnect()
-        pool.release(conn)
+        call.sent = True
+        return conn.read_response()
 
 
 async def acall_with_run(pool, sha: str, keys: list, args: list):
@@ -321,8 +352,7 @@ async def acall_with_run(pool, sha: str, keys: list, args: list):
 
 async def _acall_once(pool, sha: str, keys: list, args: list):
     conn = await pool.get_connection()
-    clean = sent = False
-    try:
+    async with _Checkout(pool, conn) as call:
         if conn._writer is None or conn._writer is not getattr(conn, "_lanes_sock", None):
             await conn.connect()
             await conn.send_command("INFO", "server")
@@ -332,22 +362,8 @@ async def _acall_once(pool, sha: str, keys: list, args: list):
                 conn._lanes_run = ""
             conn._lanes_sock = conn._writer
         await conn.send_command("EVALSHA", sha, len(keys), *keys, *args, conn._lanes_run)
-        sent = True
-        try:
-            reply = await conn.read_response()
-        except ResponseError:
-            clean = True
-            raise
-        clean = True
-        return reply
-    except (ConnectionError, TimeoutError, OSError) as exc:
-        if sent:
-            raise ReplyLost(f"no reply to a lane script call: {exc}") from exc
-        raise
-    finally:
-        if not clean:
-            await conn.disconnect()
-        await pool.release(conn)
+        call.sent = True
+        return await conn.read_response()
 
 
 _runners: weakref.WeakKeyDictionary[object, SyncRunner] = weakref.WeakKeyDictionary()
