@@ -64,6 +64,8 @@ def pool_row(settings: Settings, client, pool: PoolInfo, width_authority=None,
         "timeouts": stats.timeouts,
         "cancels": stats.cancels,
         "expired": stats.expired,
+        # Per priority and workflow with work: holders, waiters, slots still owed (shares).
+        "workflows": [share.as_dict() for share in stats.workflows],
         "live_workers": live_workers,
     }
 

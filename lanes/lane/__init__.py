@@ -2,7 +2,9 @@
 
 One lane per pool, shared by every worker on every machine: a width W,
 holders with leases and fencing generations, and a wait queue ordered by
-priority then arrival, with direct handoff on release.
+priority, then each workflow's guaranteed share within the priority
+(``scripts/lib_share.lua``), then arrival within a workflow, with direct
+handoff on release.
 
 Public names (also exported from :mod:`lanes`):
 
@@ -29,19 +31,21 @@ Design notes (the choices ARCHITECTURE.md leaves open):
 - *Script calls*: the sync lane sends ``EVALSHA`` on connections it keeps
   checked out of the client's pool (``_lua.SyncRunner``), skipping redis-py's
   per-command wrapper; a failed connection is dropped and the call goes
-  through redis-py's own path (retry policy, reconnect). Cluster, bounded
-  pools and the asyncio lane use redis-py's path.
+  through a connection checked out for that call. Cluster calls go to the
+  slot's node; the asyncio lane checks a connection out per call.
 - *Sync/async*: mirror classes over a shared non-I/O base (``base.py``,
   ``book.py``); the scripts are the same.
 - *State loss*: a script that finds no state recreates it with a new epoch
   and grants nothing for one lease period, during which live holders
   re-register (capped at W). Stale state (a restart that loaded an older
   snapshot, a failover to a replica that missed the last grants) is found
-  by the server's run_id: the sync runner learns it once per connection and
-  sends it with every script, and a state written by another server process
-  starts over the same way, with an epoch past the old one. The asyncio lane,
-  Cluster and bounded pools cannot send it: the lanes' Redis must not persist
-  (README, "The lanes' Redis"; ``lanes redis status`` checks).
+  by the server's run_id: both lanes learn it once per connection (on
+  Cluster, a connection of the node serving the lane's slot) and send it with
+  every script (``_lua.call_with_run`` / ``acall_with_run``), and a state
+  written by another server process starts over the same way, with an epoch
+  past the old one. The asyncio lane on Cluster and single-connection
+  clients cannot send it: the lanes' Redis must not persist (README, "The
+  lanes' Redis"; ``lanes redis status`` checks).
 - *Faults* (issue 9): every script is idempotent, so a lost reply is asked
   again rather than re-sent blindly (``_lua.ReplyLost``); a holder is told
   ``lost`` from its own clock a guard before its lease, counted from its last

@@ -34,7 +34,7 @@ except ImportError:  # pragma: no cover - a client without hiredis packs through
     HiredisRespSerializer = _hiredis_pack = None
 from redis.exceptions import ConnectionError, NoScriptError, ResponseError, TimeoutError
 
-from lanes.lane.base import text
+from lanes.lane.base import is_cluster
 
 class ReplyLost(ConnectionError):
     """A script call was sent but its reply never came (a timeout or a broken
@@ -126,6 +126,7 @@ class SyncRunner:
                               and getattr(pool, "max_connections", 0) >= MIN_POOL_ROOM
                               and getattr(pool, "cache", None) is None) else None
         self._free: list = []
+        self._cluster = is_cluster(client)
         _all_runners.add(self)
 
     def __call__(self, name: str, keys: list, args: list):
@@ -139,13 +140,37 @@ class SyncRunner:
             return self._evalsha(script.sha, keys, args)
 
     def _fallback(self, sha: str, keys: list, args: list):
-        """redis-py's own path. Without a pool of our own (Cluster: INFO would
-        reach another node; a bounded pool: one more round trip per call) the
-        run_id is not known (''); after a failure on our path it is asked
-        for first, on the same server."""
+        """One checkout of the client's pool for this call (a bounded or
+        Sentinel pool, or after a failure on the kept connections), with the
+        run_id of the server the connection reached. Cluster: a connection of
+        the node that serves the lane's slot (see ``_on_slot_node``)."""
         client = self._client()
-        run = "" if self._pool is None else text(client.info("server").get("run_id", ""))
-        return client.execute_command("EVALSHA", sha, len(keys), *keys, *args, run)
+        if self._cluster:
+            return self._on_slot_node(client, sha, keys, args)
+        pool = getattr(client, "connection_pool", None)
+        if pool is None or getattr(client, "connection", None) is not None:
+            # A single-connection client: its one connection is its own.
+            return client.execute_command("EVALSHA", sha, len(keys), *keys, *args, "")
+        return call_with_run(pool, sha, keys, args)
+
+    def _on_slot_node(self, client, sha: str, keys: list, args: list):
+        """A Cluster call on a connection of the node that owns the lane's
+        slot, so the run_id sent is that node's (a failover to a replica, or
+        a node restarted from an older snapshot, is detected as on one
+        server). A node that cannot be reached before the send, or that
+        answers MOVED/ASK (the slot moved: the script did not run), makes
+        the client reread the slot table once; a second miss is an error."""
+        for attempt in (1, 2):
+            node = client.get_node_from_key(keys[0])
+            try:
+                return call_with_run(node.redis_connection.connection_pool, sha, keys, args)
+            except ReplyLost:
+                raise
+            except (ConnectionError, TimeoutError, OSError, ResponseError) as exc:
+                moved = isinstance(exc, ResponseError) and str(exc).split(" ", 1)[0] in ("MOVED", "ASK")
+                if attempt == 2 or not (moved or not isinstance(exc, ResponseError)):
+                    raise
+                client.nodes_manager.initialize()
 
     def _evalsha(self, sha: str, keys: list, args: list):
         pool = self._pool
@@ -218,20 +243,127 @@ class SyncRunner:
 _RUN_ID = re.compile(rb"^run_id:([0-9a-f]+)\r?$", re.MULTILINE)
 
 
+def run_id_of(info) -> str:
+    """The run_id in a raw ``INFO server`` reply ('' if absent)."""
+    found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
+    return found.group(1).decode() if found else ""
+
+
 def _learn_run(conn) -> None:
     """Ask the server this connection reached for its run_id (once per
     socket: a reconnect may reach another server process). Kept on the
     connection; '' when INFO is not allowed (the scripts then skip the check)."""
     conn.send_command("INFO", "server")
     try:
-        info = conn.read_response()
+        run = run_id_of(conn.read_response())
     except ResponseError:
         run = ""
-    else:
-        found = _RUN_ID.search(info if isinstance(info, bytes) else str(info).encode())
-        run = found.group(1).decode() if found else ""
     conn._lanes_run = run
     conn._lanes_sock = conn._sock
+
+
+def call_with_run(pool, sha: str, keys: list, args: list):
+    """One ``EVALSHA`` on a connection checked out of ``pool`` for this call,
+    with the run_id of the server it reached as the last ARGV. A failure after
+    the send raises :class:`ReplyLost` (never re-sent); one before it (a
+    connection the server closed, e.g. at a restart) is tried once more on a
+    fresh connection: nothing ran."""
+    for attempt in (1, 2):
+        try:
+            return _call_once(pool, sha, keys, args)
+        except ReplyLost:
+            raise
+        except (ConnectionError, TimeoutError, OSError):
+            if attempt == 2:
+                raise
+
+
+class _Checkout:
+    """One script call on a connection checked out for it. After a whole
+    reply (an error reply too) the connection goes back as it is; after any
+    other failure it is dropped first, and an I/O failure after the send
+    (``sent``) is a lost reply: :class:`ReplyLost`, never sent again here."""
+
+    def __init__(self, pool, conn) -> None:
+        self.pool, self.conn, self.sent = pool, conn, False
+
+    def _outcome(self, exc) -> tuple[bool, Exception | None]:
+        """(clean, the ReplyLost to raise instead of ``exc``, if any)."""
+        if exc is None or isinstance(exc, ResponseError):
+            return True, None
+        if self.sent and isinstance(exc, (ConnectionError, TimeoutError, OSError)):
+            return False, ReplyLost(f"no reply to a lane script call: {exc}")
+        return False, None
+
+    def __enter__(self) -> "_Checkout":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        clean, lost = self._outcome(exc)
+        try:
+            if not clean:
+                self.conn.disconnect()
+        finally:
+            self.pool.release(self.conn)
+        if lost is not None:
+            raise lost from exc
+        return False
+
+    async def __aenter__(self) -> "_Checkout":
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> bool:
+        clean, lost = self._outcome(exc)
+        try:
+            if not clean:
+                await self.conn.disconnect()
+        finally:
+            await self.pool.release(self.conn)
+        if lost is not None:
+            raise lost from exc
+        return False
+
+
+def _call_once(pool, sha: str, keys: list, args: list):
+    conn = pool.get_connection()
+    with _Checkout(pool, conn) as call:
+        if conn._sock is None or conn._sock is not getattr(conn, "_lanes_sock", None):
+            conn.connect()
+            _learn_run(conn)
+        conn.send_command("EVALSHA", sha, len(keys), *keys, *args, conn._lanes_run)
+        call.sent = True
+        return conn.read_response()
+
+
+async def acall_with_run(pool, sha: str, keys: list, args: list):
+    """:func:`call_with_run` for an asyncio pool (the asyncio lane's only
+    path: one checkout per call, as redis-py's own ``execute_command``). A
+    connection that fails before the send (one the server closed, e.g. at a
+    restart) is replaced once: nothing ran on it."""
+    for attempt in (1, 2):
+        try:
+            return await _acall_once(pool, sha, keys, args)
+        except ReplyLost:
+            raise
+        except (ConnectionError, TimeoutError, OSError):
+            if attempt == 2:
+                raise
+
+
+async def _acall_once(pool, sha: str, keys: list, args: list):
+    conn = await pool.get_connection()
+    async with _Checkout(pool, conn) as call:
+        if conn._writer is None or conn._writer is not getattr(conn, "_lanes_sock", None):
+            await conn.connect()
+            await conn.send_command("INFO", "server")
+            try:
+                conn._lanes_run = run_id_of(await conn.read_response())
+            except ResponseError:
+                conn._lanes_run = ""
+            conn._lanes_sock = conn._writer
+        await conn.send_command("EVALSHA", sha, len(keys), *keys, *args, conn._lanes_run)
+        call.sent = True
+        return await conn.read_response()
 
 
 _runners: weakref.WeakKeyDictionary[object, SyncRunner] = weakref.WeakKeyDictionary()

@@ -18,10 +18,12 @@ import time
 import weakref
 
 import redis
+from redis.exceptions import NoScriptError
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
-from lanes.lane._lua import scripts_for
-from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, new_token, text, unavailable
+from lanes.lane._lua import ReplyLost, acall_with_run, scripts_for
+from lanes.lane.base import (HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, is_cluster, new_id, new_token, text,
+                             unavailable)
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, Generation, LaneStats
@@ -191,14 +193,38 @@ class AsyncLane(LaneBase):
     """The asyncio twin of :class:`lanes.lane.Lane`; every method is awaited."""
 
     async def _script(self, name: str, args: list):
+        """Run a lane script with the run_id of the server its connection
+        reached (lib_base.lua RUN), as the sync lane does (``_lua.acall_with_run``);
+        ``NOSCRIPT`` loads it and runs it once more. A Cluster client goes
+        through redis-py's own path, where the node is not known here: run ''."""
         scripts = self._scripts
         if scripts is None:
             scripts = self._scripts = scripts_for(self.client)
-        # run '' (lib_base.lua): redis-py's own path picks the connection, so
-        # the server's run_id is not known here (see README, the lanes' Redis).
-        return await scripts[name](keys=self._key_list, args=[*args, ""])
+        script = scripts[name]
+        pool = self._direct_pool
+        if pool is None:
+            return await script(keys=self._key_list, args=[*args, ""])
+        try:
+            return await acall_with_run(pool, script.sha, self._key_list, args)
+        except NoScriptError:
+            script.sha = await self.client.script_load(script.script)
+            return await acall_with_run(pool, script.sha, self._key_list, args)
+
+    @property
+    def _direct_pool(self):
+        if is_cluster(self.client) or getattr(self.client, "connection", None) is not None:
+            return None  # Cluster, or a single-connection client (its one connection is its own)
+        return self.client.connection_pool
 
     async def _run(self, name: str, args: list, what: str):
+        """Run a script; a lost reply is asked once more (every lane script is
+        idempotent: see ``Lane._run``). Raises RedisUnavailable."""
+        try:
+            return await self._script(name, args)
+        except ReplyLost:
+            pass
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, what) from exc
         try:
             return await self._script(name, args)
         except UNAVAILABLE as exc:
@@ -217,66 +243,70 @@ class AsyncLane(LaneBase):
         return hub
 
     async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False,
-                            previous: str = "") -> tuple:
+                            previous: str = "", workflow: str = "") -> tuple:
         args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous]
+                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous, workflow]
         parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
             parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
         return parsed
 
-    def _permit(self, hub, holder_id, generation, priority, started, lease_until) -> AsyncPermit:
+    def _permit(self, hub, holder_id, generation, priority, started, lease_until, workflow="") -> AsyncPermit:
         permit = AsyncPermit(self, holder_id=holder_id, generation=generation, priority=priority,
-                             waited_seconds=time.monotonic() - started, lease_until=lease_until)
+                             waited_seconds=time.monotonic() - started, lease_until=lease_until, workflow=workflow)
         hub.book.add_holder(self, permit)
         hub.replan()
         return permit
 
-    async def try_acquire(self, priority) -> AsyncPermit | None:
+    async def try_acquire(self, priority, *, workflow: str | None = None) -> AsyncPermit | None:
         priority = self._priority(priority)
+        workflow = self.workflow_name(workflow)
         hub = await self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
         try:
-            parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True)
+            parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True, workflow=workflow)
         except BaseException:
             # The script may have granted before the reply was lost: give it back.
             with contextlib.suppress(AcquireCancelled, AcquireTimeout, RedisUnavailable):
                 await asyncio.shield(self._leave(hub, Waiter(id=holder_id, priority=priority,
-                                                             member=self.member_of(holder_id, 0)), "cancels"))
+                                                             member=self.member_of(holder_id, 0, workflow)),
+                                                 "cancels"))
             raise
         if parsed[0] != "granted":
             return None
-        return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
+        return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds, workflow)
 
     async def acquire(self, priority, timeout: float | None, *,
-                      cancel: asyncio.Event | None = None) -> AsyncPermit:
+                      cancel: asyncio.Event | None = None, workflow: str | None = None) -> AsyncPermit:
         """See :meth:`lanes.lane.Lane.acquire`. ``async with await lane.acquire(...) as permit:``
         releases on exit. A real coroutine, so ``asyncio.create_task`` takes it."""
         priority = self._priority(priority)
+        workflow = self.workflow_name(workflow)
         timeout_ms = self.timeout_ms(timeout)
         if cancel is not None and cancel.is_set():
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
         hub = await self._start_hub()
         started = time.monotonic()
         waiter_id = new_id(hub.token)
-        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
-                        renewed_at=started)
+        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms, workflow),
+                        workflow=workflow, renewed_at=started)
         # One round trip when a slot is free: the waiter is registered with the
         # hub only once the script says we wait (the hub keeps an early doorbell).
         queued = True  # until the first reply says otherwise; then: in the queue, no outcome yet
         registered = False
         event = relay = None
         try:
-            parsed = await self._acquire_call(hub, waiter.id, priority, timeout_ms, False, True)
+            parsed = await self._acquire_call(hub, waiter.id, priority, timeout_ms, False, True, workflow=workflow)
             deadline = None if timeout is None else started + timeout
             while True:
                 if parsed[0] == "granted":
                     queued = False
                     if registered:
                         hub.book.remove_waiter(waiter.id)
-                    return self._permit(hub, waiter.id, parsed[1], priority, started, started + self.lease_seconds)
+                    return self._permit(hub, waiter.id, parsed[1], priority, started, started + self.lease_seconds,
+                                        workflow)
                 waiter.epoch = parsed[1]
                 if not registered:
                     event = asyncio.Event()
@@ -294,7 +324,7 @@ class AsyncLane(LaneBase):
                     queued = False
                     # Bounded by the last call that found us queued (see Lane._start_granted_lease).
                     permit = self._permit(hub, waiter.id, outcome[1], priority, started,
-                                          waiter.renewed_at + self.lease_seconds)
+                                          waiter.renewed_at + self.lease_seconds, workflow)
                     if time.monotonic() > permit._lease_until:
                         permit._mark_lost()
                     return permit
@@ -310,13 +340,14 @@ class AsyncLane(LaneBase):
                 started_call = time.monotonic()
                 # The new member first: if the reply is lost, the leave below
                 # must name the entry this call may have made.
-                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms)
+                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms, workflow)
                 parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False,
-                                                  previous=previous)
+                                                  previous=previous, workflow=workflow)
                 if parsed[0] == "granted":
                     hub.book.remove_waiter(waiter.id)
                     queued = False
-                    return self._permit(hub, waiter.id, parsed[1], priority, started, started_call + self.lease_seconds)
+                    return self._permit(hub, waiter.id, parsed[1], priority, started,
+                                        started_call + self.lease_seconds, workflow)
                 waiter.renewed_at = started_call
         except BaseException:
             if queued:
@@ -368,8 +399,17 @@ class AsyncLane(LaneBase):
         hub = owner._hub_cache if owner._hub_cache is not None else _hub_for(owner.client, owner.prefix)
         hub.book.remove_holder(owner, permit.holder_id)
         gen = permit.generation
-        reply = await self._run("release", [permit.holder_id, gen.epoch, gen.counter, self.lease_ms],
-                                f"releasing on lane {self.key!r}")
+        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms]
+        sent_at = time.monotonic()
+        try:
+            reply = await self._script("release", args)
+        except ReplyLost:
+            # Asked again; an entry gone now was released by the lost call (see Lane.release).
+            reply = await self._run("release", args, f"releasing on lane {self.key!r}")
+            if not int(reply[0]) and sent_at <= permit._lease_until and not permit._lost:
+                reply = [1, reply[1]]
+        except UNAVAILABLE as exc:
+            raise unavailable(exc, f"releasing on lane {self.key!r}") from exc
         if int(reply[1]):
             await self._hand_off_rest()
         return int(reply[0]) == 1

@@ -16,7 +16,7 @@ import redis.cluster
 from lanes.errors import InvalidInput, RedisUnavailable
 from lanes.lane.keys import DEFAULT_PREFIX, LaneKeys
 from lanes.redis_conn import REDIS_UNAVAILABLE
-from lanes.lane.model import Generation, LaneStats, percentile
+from lanes.lane.model import Generation, LaneStats, WorkflowShare, percentile
 from lanes.priority import Priority
 
 # Errors that mean "Redis did not answer (usefully)": they become RedisUnavailable.
@@ -26,6 +26,9 @@ UNAVAILABLE = REDIS_UNAVAILABLE
 # Follow-up handoff calls after a release or resize that said "more" (256
 # grants each): bounds the loop at a million grants.
 HAND_OFF_CALLS_MAX = 4096
+
+# Longest workflow name a lane takes (it is part of every queue entry of it).
+WORKFLOW_MAX = 200
 
 _ids = itertools.count(1)
 
@@ -94,9 +97,20 @@ class LaneBase:
         # so "nobody heard the grant" cannot be trusted there.
         self.notify_flag = "0" if is_cluster(client) else "1"
 
-    def member_of(self, waiter_id: str, timeout_ms: int) -> str:
+    def member_of(self, waiter_id: str, timeout_ms: int, workflow: str = "") -> str:
         """A waiter's record in the lane's queue, as acquire.lua writes it."""
-        return f"{self.notify_flag}:{timeout_ms}:{self.lease_ms}:{waiter_id}"
+        member = f"{self.notify_flag}:{timeout_ms}:{self.lease_ms}:{waiter_id}"
+        return f"{member}:{workflow}" if workflow else member
+
+    @staticmethod
+    def workflow_name(workflow) -> str:
+        """The workflow whose share a call counts in ('' = the anonymous one)."""
+        if workflow is None:
+            return ""
+        if not isinstance(workflow, str) or len(workflow) > WORKFLOW_MAX:
+            raise InvalidInput(f"workflow {workflow!r} must be a string of at most {WORKFLOW_MAX} characters "
+                               "(the task's workflow name), or None for the anonymous workflow")
+        return workflow
 
     @staticmethod
     def _check_width(width) -> int:
@@ -157,7 +171,13 @@ class LaneBase:
         measured = int(reply[6]) == 1
         samples: dict[Priority, list[float]] = {p: [] for p in Priority}
         every: list[float] = []
-        for raw in reply[15:]:
+        books = int(reply[15])
+        workflows = []
+        for raw in reply[16:16 + books]:
+            prio, held, waiting, owed, name = text(raw).split(":", 4)
+            workflows.append(WorkflowShare(priority=Priority(int(prio)), workflow=name, in_flight=int(held),
+                                           waiting=int(waiting), owed=int(owed)))
+        for raw in reply[16 + books:]:
             prio, ms = text(raw).split(":")
             seconds = int(ms) / 1000.0
             samples[Priority(int(prio))].append(seconds)
@@ -170,7 +190,7 @@ class LaneBase:
             wait_p95_by_priority={p: percentile(samples[p], 95) for p in Priority},
             grants=int(reply[7]), timeouts=int(reply[8]), cancels=int(reply[9]), expired=int(reply[10]),
             lapsed_waiters=int(reply[11]), epoch=int(text(reply[12])), quiet_seconds=int(reply[13]) / 1000.0,
-            samples=len(every), repairs=int(reply[14]))
+            samples=len(every), repairs=int(reply[14]), workflows=tuple(workflows))
 
     @staticmethod
     def forecast_from(stats: LaneStats, priority: Priority) -> float | None:

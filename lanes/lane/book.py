@@ -31,6 +31,7 @@ class Waiter:
     id: str
     priority: Priority
     member: str = ""  # its record in the lane's queue (LaneBase.member_of)
+    workflow: str = ""  # its share within the priority ('' = the anonymous workflow)
     epoch: int = 0
     renewed_at: float = field(default_factory=time.monotonic)
     # None while waiting; then ('granted', Generation, t) | ('gone',) | ('unavailable', message)
@@ -285,9 +286,9 @@ class Book:
         for kind, item in entries:
             if kind == "h":
                 gen = item.generation
-                args += ["h", item.holder_id, gen.epoch, gen.counter, int(item.priority)]
+                args += ["h", item.holder_id, gen.epoch, gen.counter, int(item.priority), item.workflow]
             else:
-                args += ["w", item.member, item.epoch, 0, int(item.priority)]
+                args += ["w", item.member, item.epoch, 0, int(item.priority), ""]
         return args
 
     def apply(self, slot: Slot, entries, reply, sent_at: float, now: float) -> bool:

@@ -9,12 +9,16 @@ change of layout takes a new prefix instead of misreading old keys)::
     {prefix}:{<lane key>}:queue     zset  waiter record -> priority * 2^51 + enqueue stamp
     {prefix}:{<lane key>}:wexp      zset  waiter record -> waiter lease / wait deadline (ms)
     {prefix}:{<lane key>}:waits     list  recent admission waits
+    {prefix}:{<lane key>}:shares    hash  holders and waiters per priority and workflow, share cursors
+    {prefix}:{<lane key>}:wfq       zset  every waiter again, in lex order by priority, workflow, arrival
     {prefix}:wake:<process token>   pub/sub channel (not a key) that wakes one process's waiters
 
 The lane key (the caller's stable id, e.g. ``pool:42``) is the hash tag, so
 every key of one lane lives in one Redis Cluster slot and one script can touch
 them all. Scripts never build key names: they receive these in ``KEYS``. A
-waiter record is ``notify:timeout_ms:lease_ms:id`` (see scripts/lib_base.lua).
+waiter record is ``notify:timeout_ms:lease_ms:id[:workflow]`` (see scripts/lib_base.lua).
+The two share keys came with workflows (issue 14); a state written before
+them reads as one anonymous workflow, so the prefix stays ``lanes:v2``.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from dataclasses import dataclass
 
 from lanes.errors import InvalidInput
 
-SUFFIXES = ("meta", "holders", "hinfo", "queue", "wexp", "waits")
+SUFFIXES = ("meta", "holders", "hinfo", "queue", "wexp", "waits", "shares", "wfq")
 DEFAULT_PREFIX = "lanes:v2"
 PRIO_SPAN = 2**51  # a queue score is priority * PRIO_SPAN + enqueue stamp (lib_base.lua)
 
@@ -43,7 +47,7 @@ def check_lane_key(key: str) -> str:
 
 @dataclass(frozen=True)
 class LaneKeys:
-    """The six keys of one lane, in the order every script takes them."""
+    """The eight keys of one lane, in the order every script takes them."""
 
     prefix: str
     lane: str

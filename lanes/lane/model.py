@@ -51,11 +51,12 @@ class Permit:
     """
 
     def __init__(self, lane: Any, *, holder_id: str, generation: Generation, priority: Priority,
-                 waited_seconds: float, lease_until: float) -> None:
+                 waited_seconds: float, lease_until: float, workflow: str = "") -> None:
         self._lane = lane
         self.holder_id = holder_id
         self.generation = generation
         self.priority = priority
+        self.workflow = workflow  # its share within the priority ('' = the anonymous workflow)
         self.waited_seconds = waited_seconds
         self._lost = False
         self._lost_event: threading.Event | None = None
@@ -168,6 +169,24 @@ def percentile(values: list[float], q: float) -> float | None:
 
 
 @dataclass(frozen=True)
+class WorkflowShare:
+    """One workflow's books at one priority of a lane (issue 14): its holders,
+    its waiters, and the slots still owed to it (its share, max(1, W / the
+    workflows with work at that priority), less what it holds; 0 when it
+    does not wait)."""
+
+    priority: Priority
+    workflow: str
+    in_flight: int
+    waiting: int
+    owed: int
+
+    def as_dict(self) -> dict:
+        return {"priority": self.priority.label, "workflow": self.workflow, "in_flight": self.in_flight,
+                "waiting": self.waiting, "owed": self.owed}
+
+
+@dataclass(frozen=True)
 class LaneStats:
     """One consistent reading of a lane, as every process sees it."""
 
@@ -192,6 +211,8 @@ class LaneStats:
     # Times a script found the in-flight count apart from the holder entries
     # and repaired it (an eviction, or a count from an older script run twice).
     repairs: int = field(default=0)
+    # Per priority and workflow with work (holding or waiting), by priority then name.
+    workflows: tuple[WorkflowShare, ...] = field(default=())
 
     @property
     def queued_total(self) -> int:

@@ -5,12 +5,11 @@
   repairs the count, but the evicted holders are gone).
 - **No persistence** (``save ""``, ``appendonly no``): a restart that loads
   an older snapshot, or an AOF missing its last second, brings back stale
-  holders and generations. The sync lane on a plain connection pool detects
-  it (each script compares the run_id of the server it reached with the one
-  that wrote the lane's state, lib_state.lua) and starts the lane over with a
-  quiet period; the asyncio lane, Cluster and clients with a bounded
-  connection pool cannot tell. Keep the lanes on a Redis that does not
-  persist, apart from a persistent Celery broker.
+  holders and generations. The lanes detect it (each script compares the
+  run_id of the server it reached with the one that wrote the lane's state,
+  lib_state.lua) and start the lane over with a quiet period; the asyncio
+  lane on Cluster and single-connection clients cannot tell. Keep the lanes
+  on a Redis that does not persist, apart from a persistent Celery broker.
 """
 
 from __future__ import annotations

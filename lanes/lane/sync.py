@@ -69,12 +69,12 @@ class Lane(LaneBase):
         return hub
 
     def _acquire_call(self, hub: SyncHub, waiter_id: str, priority: Priority, timeout_ms: int,
-                      try_only: bool, fresh: bool = False, previous: str = "") -> tuple:
+                      try_only: bool, fresh: bool = False, previous: str = "", workflow: str = "") -> tuple:
         """One acquire script call. ``fresh``: the first call with this id (the
         script then skips its checks for a rejoining waiter); ``previous``: the
         member of this id's earlier queue entry, if any."""
         args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous]
+                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous, workflow]
         parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -82,43 +82,50 @@ class Lane(LaneBase):
         return parsed
 
     def _permit(self, hub: SyncHub, holder_id: str, generation: Generation, priority: Priority,
-                started: float, lease_until: float) -> Permit:
+                started: float, lease_until: float, workflow: str = "") -> Permit:
         permit = Permit(self, holder_id=holder_id, generation=generation, priority=priority,
-                        waited_seconds=time.monotonic() - started, lease_until=lease_until)
+                        waited_seconds=time.monotonic() - started, lease_until=lease_until, workflow=workflow)
         hub.add_holder(self, permit)
         return permit
 
     # --- acquire / release ----------------------------------------------------------
 
-    def try_acquire(self, priority: Priority | str | int) -> Permit | None:
-        """A permit if a slot is free and nobody waits, else None. Never queues."""
+    def try_acquire(self, priority: Priority | str | int, *, workflow: str | None = None) -> Permit | None:
+        """A permit if a slot is free and nobody waits, else None. Never queues.
+        ``workflow``: see :meth:`acquire`."""
         priority = self._priority(priority)
+        workflow = self.workflow_name(workflow)
         hub = self._start_hub()
         holder_id = new_id(hub.token)
         sent_at = time.monotonic()
         try:
-            parsed = self._acquire_call(hub, holder_id, priority, 0, True, True)
+            parsed = self._acquire_call(hub, holder_id, priority, 0, True, True, workflow=workflow)
         except BaseException:
             # The script may have granted before the reply was lost: give it back.
             try:
                 self._leave(hub, Waiter(id=holder_id, priority=priority,
-                                        member=self.member_of(holder_id, 0)), "cancels")
+                                        member=self.member_of(holder_id, 0, workflow)), "cancels")
             except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
                 pass
             raise
         if parsed[0] != "granted":
             return None
-        return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds)
+        return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds, workflow)
 
     def acquire(self, priority: Priority | str | int, timeout: float | None, *,
-                cancel: threading.Event | None = None) -> Permit:
-        """Wait for a slot: priority order, arrival order within a priority.
+                cancel: threading.Event | None = None, workflow: str | None = None) -> Permit:
+        """Wait for a slot: priority order; within a priority, each workflow
+        with work gets its guaranteed share (README, "Shares"), and arrival
+        order within a workflow.
 
+        ``workflow`` names the caller's workflow (None: one anonymous
+        workflow, which with no other workflow is plain arrival order).
         ``timeout=None`` waits without limit. Raises :class:`AcquireTimeout`
         or :class:`AcquireCancelled` (the caller then holds nothing), or
         :class:`RedisUnavailable` when Redis does not answer in bounded time.
         """
         priority = self._priority(priority)
+        workflow = self.workflow_name(workflow)
         timeout_ms = self.timeout_ms(timeout)
         if cancel is not None and cancel.is_set():
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
@@ -128,19 +135,19 @@ class Lane(LaneBase):
         # One round trip when a slot is free: nothing is registered with the
         # hub until the script says we wait (the hub keeps an early doorbell).
         try:
-            parsed = self._acquire_call(hub, waiter_id, priority, timeout_ms, False, True)
+            parsed = self._acquire_call(hub, waiter_id, priority, timeout_ms, False, True, workflow=workflow)
         except BaseException:
             # The script may have queued us before the reply was lost: leave.
             try:
                 self._leave(hub, Waiter(id=waiter_id, priority=priority,
-                                        member=self.member_of(waiter_id, timeout_ms)), "cancels")
+                                        member=self.member_of(waiter_id, timeout_ms, workflow)), "cancels")
             except (AcquireCancelled, AcquireTimeout, RedisUnavailable):
                 pass
             raise
         if parsed[0] == "granted":
-            return self._permit(hub, waiter_id, parsed[1], priority, started, started + self.lease_seconds)
-        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms),
-                        epoch=parsed[1], renewed_at=started)
+            return self._permit(hub, waiter_id, parsed[1], priority, started, started + self.lease_seconds, workflow)
+        waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms, workflow),
+                        workflow=workflow, epoch=parsed[1], renewed_at=started)
         deadline = None if timeout is None else started + timeout
         return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel)
 
@@ -158,7 +165,7 @@ class Lane(LaneBase):
         # Made before the wait, so that the woken waiter only fills in its
         # grant: the doorbell's path runs cold after a long sleep.
         permit = Permit(self, holder_id=waiter.id, generation=None, priority=waiter.priority,
-                        waited_seconds=0.0, lease_until=0.0)
+                        waited_seconds=0.0, lease_until=0.0, workflow=waiter.workflow)
         try:
             if isinstance(cancel, CancelEvent):
                 cancel.add_callback(wake)
@@ -187,14 +194,14 @@ class Lane(LaneBase):
                 sent_at = time.monotonic()
                 # The new member first: if the reply is lost, the leave below
                 # must name the entry this call may have made.
-                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms)
+                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms, waiter.workflow)
                 parsed = self._acquire_call(hub, waiter.id, waiter.priority, remaining_ms, False,
-                                            previous=previous)
+                                            previous=previous, workflow=waiter.workflow)
                 if parsed[0] == "granted":
                     hub.remove_waiter(waiter.id)
                     queued = False
                     return self._permit(hub, waiter.id, parsed[1], waiter.priority, started,
-                                        sent_at + self.lease_seconds)
+                                        sent_at + self.lease_seconds, waiter.workflow)
                 waiter.epoch = parsed[1]
                 waiter.renewed_at = sent_at
                 hub.note_event(self, parsed[2])

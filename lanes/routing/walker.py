@@ -222,7 +222,8 @@ class Walker:
             return _Admission(None, None)
         lane = rt.lane(pool)
         # A free slot costs no waiting: take it whatever the budget.
-        permit = lane.try_acquire(request.priority)
+        # The workflow's name: its guaranteed share within the priority (lanes/lane/lib_share.lua).
+        permit = lane.try_acquire(request.priority, workflow=request.workflow)
         if permit is None:
             permit = self._wait(route, model, request, last, budget, lane, now, wait_room, cancel, trace)
             if permit is SKIP:
@@ -248,7 +249,7 @@ class Walker:
         try:
             if wait_limit <= 0:
                 raise AcquireTimeout("no time left to wait")
-            return lane.acquire(request.priority, timeout=wait_limit, cancel=cancel)
+            return lane.acquire(request.priority, timeout=wait_limit, cancel=cancel, workflow=request.workflow)
         except AcquireCancelled:
             self._wait_ended(route, model, request, "cancelled", time.monotonic() - started)
             raise

@@ -232,10 +232,15 @@ def test_lanes_pools_shows_configured_and_current_width_and_each_controllers_las
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_")}
     env.update(LANES_REDIS_URL=rt.redis_url, LANES_DATABASE_URL=rt.settings.catalog_url(),
                LANES_STATE_DIR=str(rt.settings.state_dir))
+    # A holder of workflow "chat": the row shows its share books (issue 14).
+    permit = rt.lane(pool).acquire(Priority.INTERACTIVE, 1.0, workflow="chat")
     shown = subprocess.run([sys.executable, "-m", "lanes.cli", "pools", "--json"], env=env, capture_output=True,
                            text=True, timeout=60)
+    permit.release()
     assert shown.returncode == 0, shown.stderr
     row = next(r for r in json.loads(shown.stdout) if r["pool"] == "gpu")
+    assert row["workflows"] == [{"priority": "interactive", "workflow": "chat", "in_flight": 1, "waiting": 0,
+                                 "owed": 0}]
     assert row["configured_width"] == 10 and row["width"] == 8 and row["authority_width"] == 8
     assert list(row["controllers"]) == ["overload"]
     assert row["control"]["decision"] == "cut" and row["control"]["controller"] == "overload"

@@ -109,15 +109,26 @@ class LocalCluster:
         self.ports = [_cluster_port() for _ in range(3)]
         self.procs: list[subprocess.Popen] = []
 
+    def _spawn(self, port: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", "nodes.conf", "--dir", str(self.folder / str(port)), "--save", "",
+             "--appendonly", "no", "--maxmemory-policy", "noeviction"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def restart(self, port: int) -> None:
+        """SIGKILL one node and start it again on its folder: it keeps its
+        slots (nodes.conf) and loads the snapshot a SAVE left there, if any."""
+        index = self.ports.index(port)
+        self.procs[index].kill()
+        self.procs[index].wait(timeout=10)
+        self.procs[index] = self._spawn(port)
+        _wait_listening(port)
+
     def start(self) -> None:
         for port in self.ports:
-            node_dir = self.folder / str(port)
-            node_dir.mkdir(parents=True)
-            self.procs.append(subprocess.Popen(
-                [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
-                 "--cluster-config-file", "nodes.conf", "--dir", str(node_dir), "--save", "",
-                 "--appendonly", "no", "--maxmemory-policy", "noeviction"],
-                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            (self.folder / str(port)).mkdir(parents=True)
+            self.procs.append(self._spawn(port))
         for port in self.ports:
             _wait_listening(port)
         clients = [redis.Redis(port=port, socket_timeout=5) for port in self.ports]

@@ -29,8 +29,9 @@ class RecordingLane(Lane):
 
     local = threading.local()
 
-    def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False, previous=""):
-        parsed = super()._acquire_call(hub, waiter_id, priority, timeout_ms, try_only, fresh, previous)
+    def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False, previous="", workflow=""):
+        parsed = super()._acquire_call(hub, waiter_id, priority, timeout_ms, try_only, fresh, previous,
+                                       workflow=workflow)
         if parsed[0] == "queued":
             self.local.queued_at = time.monotonic_ns()
         return parsed

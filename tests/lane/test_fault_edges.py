@@ -18,7 +18,7 @@ def queue_waiters(lane, count: int) -> None:
     sha = lane.client.script_load(script_text("acquire"))
     pipe = lane.client.pipeline(transaction=False)
     for n in range(count):
-        pipe.evalsha(sha, 6, *lane.keys.all(), f"quiet-0.{n}", 2, -1, 60_000, "", "0", "0", "1", "", "")
+        pipe.evalsha(sha, 8, *lane.keys.all(), f"quiet-0.{n}", 2, -1, 60_000, "", "0", "0", "1", "", "", "")
     replies = pipe.execute()
     assert all(reply[0] == b"queued" for reply in replies)
 
@@ -29,14 +29,14 @@ def test_a_resize_past_the_owners_width_hands_every_new_slot_to_a_waiter(make_la
     assert lane.resize(1_000) == 0
     # Read directly (a stats() call would hand off 256 more itself). Old: the
     # follow-up handoffs were counted by the owner's width (0): 768 granted.
-    _, holders, _, queue, _, _ = lane.keys.all()
+    _, holders, _, queue = lane.keys.all()[:4]
     assert (lane.client.zcard(holders), lane.client.zcard(queue)) == (1_000, 0)
 
 
 def test_the_next_event_after_a_mass_expiry_is_never_negative(make_lane):
     lane = make_lane(width=200, lease_seconds=0.2)
     for n in range(100):
-        assert lane._script("acquire", [f"gone-0.{n}", 0, 0, lane.lease_ms, "", "1", "0", "1", ""])[0] == b"granted"
+        assert lane._script("acquire", [f"gone-0.{n}", 0, 0, lane.lease_ms, "", "1", "0", "1", "", ""])[0] == b"granted"
     time.sleep(0.3)  # all 100 holders' leases end; their process is gone (nobody renews)
     # One renewal reaps 64 of them; the rest are still due, and the script must say so.
     reply = lane._script("renew", [lane.lease_ms, ""])
@@ -50,8 +50,11 @@ def test_evicted_holder_entries_with_meta_kept_are_repaired_not_left_high(make_l
     lane.client.delete(holders, hinfo)   # what an allkeys eviction of those two keys leaves
     stats = lane.stats()
     assert int(lane.client.hget(meta, "inflight")) == 0 and stats.repairs == 1
+    # The holder counts per workflow are recounted from the entries too.
+    assert stats.workflows == () and int(lane.client.hget(meta, "h:0:") or 0) == 0
     again = [lane.try_acquire(I), lane.try_acquire(I)]
     assert all(again), "the width is usable again"
+    assert [(w.workflow, w.in_flight) for w in lane.stats().workflows] == [("", 2)]
     for permit in held + again:
         permit.release()
 

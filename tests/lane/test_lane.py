@@ -421,7 +421,7 @@ def test_a_release_hands_off_past_a_queued_waiter_whose_process_is_gone(make_lan
     lane = make_lane(width=1)
     holder = lane.acquire(I, 1.0)
     # Its id names a process token nobody subscribes for.
-    ghost = ["nobody.1", int(I), 60_000, lane.lease_ms, "1", "0", "1", "1", ""]
+    ghost = ["nobody.1", int(I), 60_000, lane.lease_ms, "1", "0", "1", "1", "", ""]
     assert lane._script("acquire", ghost)[0] in (b"queued", "queued")
     thread, results = start_waiter(lane, I, name="live")
     wait_queued(lane, 2)

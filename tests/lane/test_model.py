@@ -1,5 +1,10 @@
 """A hypothesis state machine: the lane's scripts against a pure-Python model.
 
+Waiters belong to workflows ('' anonymous, 'a', 'b'): the model serves a
+freed slot by priority first, then by the guaranteed share per workflow
+(issue 14: an owed workflow first, round-robin; otherwise lent round-robin,
+each pass with its own cursor), then arrival order within the workflow.
+
 The machine drives the scripts directly (waiters are synthetic ids, their
 doorbells are read from a subscribed channel), so every interleaving of
 acquire / release / cancel / timeout / resize / expiry is explored without
@@ -22,38 +27,74 @@ LEASE_MS = 60_000
 CHANNEL = "lanes:test:wake:model"
 
 
-def member(wid: str) -> str:
+WORKFLOWS = ("", "a", "b")
+
+
+def member(wid: str, workflow: str = "") -> str:
     """A waiter's queue record (notify 0, no wait limit, the model's lease), as acquire.lua writes it."""
-    return f"0:-1:{LEASE_MS}:{wid}"
+    record = f"0:-1:{LEASE_MS}:{wid}"
+    return f"{record}:{workflow}" if workflow else record
+
+
+def _after(names: list[str], last: str | None) -> str:
+    return next((name for name in names if last is None or name > last), names[0])
 
 
 class Model:
-    """What the lane must do, with no Redis: width, holders, a priority queue."""
+    """What the lane must do, with no Redis: width, holders, a priority queue,
+    and the share per workflow within a priority."""
 
     def __init__(self, width: int) -> None:
         self.width = width
-        self.holders: set[str] = set()
-        self.queue: list[tuple[int, int, str]] = []  # (priority, arrival, id)
+        self.holders: dict[str, tuple[int, str]] = {}   # id -> (priority, workflow)
+        self.queue: list[tuple[int, int, str, str]] = []  # (priority, arrival, id, workflow)
         self.arrivals = itertools.count()
+        self.owed_cursor: dict[int, str] = {}
+        self.lend_cursor: dict[int, str] = {}
+
+    def workflow_of(self, wid: str) -> str:
+        if wid in self.holders:
+            return self.holders[wid][1]
+        return next(e[3] for e in self.queue if e[2] == wid)
+
+    def next_waiter(self) -> tuple:
+        self.queue.sort()
+        head = self.queue[0]
+        p = head[0]
+        waiting = sorted({e[3] for e in self.queue if e[0] == p})
+        if len(waiting) < 2:
+            return head
+        held: dict[str, int] = {}
+        for prio, wf in self.holders.values():
+            if prio == p:
+                held[wf] = held.get(wf, 0) + 1
+        with_work = set(waiting) | set(held)
+        share = max(1, self.width // len(with_work))
+        owed = [wf for wf in waiting if held.get(wf, 0) < share]
+        if owed:
+            wf = self.owed_cursor[p] = _after(owed, self.owed_cursor.get(p))
+        else:
+            wf = self.lend_cursor[p] = _after(waiting, self.lend_cursor.get(p))
+        return next(e for e in self.queue if e[0] == p and e[3] == wf)
 
     def fill(self) -> list[str]:
         granted = []
-        self.queue.sort()
         while len(self.holders) < self.width and self.queue:
-            _, _, wid = self.queue.pop(0)
-            self.holders.add(wid)
-            granted.append(wid)
+            entry = self.next_waiter()
+            self.queue.remove(entry)
+            self.holders[entry[2]] = (entry[0], entry[3])
+            granted.append(entry[2])
         return granted
 
-    def acquire(self, wid: str, priority: int) -> str:
+    def acquire(self, wid: str, priority: int, workflow: str) -> str:
         if len(self.holders) < self.width and not self.queue:
-            self.holders.add(wid)
+            self.holders[wid] = (priority, workflow)
             return "granted"
-        self.queue.append((priority, next(self.arrivals), wid))
+        self.queue.append((priority, next(self.arrivals), wid, workflow))
         return "queued"
 
     def release(self, wid: str) -> list[str]:
-        self.holders.discard(wid)
+        self.holders.pop(wid, None)
         return self.fill()
 
     def leave(self, wid: str) -> tuple[str, list[str]]:
@@ -62,9 +103,16 @@ class Model:
                 self.queue.remove(entry)
                 return "left", []
         if wid in self.holders:
-            self.holders.discard(wid)
+            del self.holders[wid]
             return "returned", self.fill()
         return "gone", []
+
+    def books(self) -> dict[str, int]:
+        """The holder counts as meta keeps them, h:<priority>:<workflow> (zero counts left out)."""
+        out: dict[str, int] = {}
+        for prio, wf in self.holders.values():
+            out[f"h:{prio}:{wf}"] = out.get(f"h:{prio}:{wf}", 0) + 1
+        return out
 
 
 class LaneMachine(RuleBasedStateMachine):
@@ -115,15 +163,23 @@ class LaneMachine(RuleBasedStateMachine):
         self.last_generation = generation
         self.generations[wid] = generation
 
-    @rule(priority=st.integers(min_value=0, max_value=2))
-    def acquire(self, priority):
+    @rule(priority=st.integers(min_value=0, max_value=2), workflow=st.sampled_from(WORKFLOWS))
+    def acquire(self, priority, workflow):
         # "model.<n>": the scripts wake ids of token "model" on CHANNEL.
         wid = f"model.{next(self.ids)}"
-        reply = self.run("acquire", [wid, priority, -1, LEASE_MS, "", "0", "0", "1", ""])
-        expected = self.model.acquire(wid, priority)
+        reply = self.run("acquire", [wid, priority, -1, LEASE_MS, "", "0", "0", "1", "", workflow])
+        expected = self.model.acquire(wid, priority, workflow)
         assert reply[0] == expected
         if expected == "granted":
             self.note_generation(wid, int(reply[1]), int(reply[2]))
+
+    @rule(priority=st.integers(min_value=0, max_value=1), workflow=st.sampled_from(WORKFLOWS),
+          count=st.integers(min_value=2, max_value=4))
+    def burst(self, priority, workflow, count):
+        # Several arrivals of one workflow at once: deep queues of two or more
+        # workflows at one priority, where shares and both cursors decide.
+        for _ in range(count):
+            self.acquire(priority, workflow)
 
     @rule(data=st.data())
     @precondition(lambda self: self.model.holders)
@@ -132,7 +188,7 @@ class LaneMachine(RuleBasedStateMachine):
         epoch, counter = self.generations[wid]
         reply = self.run("release", [wid, epoch, counter, LEASE_MS])
         assert reply[0] == 1
-        assert self.doorbells() == self.model.release(wid), "handoff goes to the model's head waiters, in order"
+        assert self.doorbells() == self.model.release(wid), "handoff goes to the waiters the model names, in order"
 
     @rule(data=st.data())
     @precondition(lambda self: self.generations)
@@ -150,7 +206,7 @@ class LaneMachine(RuleBasedStateMachine):
         # (a holder that never saw its doorbell) gives the slot back.
         candidates = sorted([e[2] for e in self.model.queue] + sorted(self.model.holders))
         wid = data.draw(st.sampled_from(candidates))
-        reply = self.run("leave", [member(wid), reason, LEASE_MS])
+        reply = self.run("leave", [member(wid, self.model.workflow_of(wid)), reason, LEASE_MS])
         expected, granted = self.model.leave(wid)
         assert reply == expected
         assert self.doorbells() == granted
@@ -170,7 +226,7 @@ class LaneMachine(RuleBasedStateMachine):
         wid = data.draw(st.sampled_from(sorted(self.model.holders)))
         self.client.zadd(self.keys[1], {wid: 1})
         reply = self.run("renew", [LEASE_MS, ""])
-        self.model.holders.discard(wid)
+        del self.model.holders[wid]
         assert self.doorbells() == self.model.fill()
         assert reply[0] == str(self.last_generation[0])
 
@@ -179,7 +235,8 @@ class LaneMachine(RuleBasedStateMachine):
     def renew_after_expiry_is_refused(self, data):
         wid = data.draw(st.sampled_from(sorted(self.model.holders)))
         epoch, counter = self.generations[wid]
-        codes = self.run("renew", [LEASE_MS, "", "h", wid, epoch, counter, 0])[3:]
+        prio, workflow = self.model.holders[wid]
+        codes = self.run("renew", [LEASE_MS, "", "h", wid, epoch, counter, prio, workflow])[3:]
         assert codes == ["ok"]
 
     @rule(data=st.data())
@@ -189,7 +246,7 @@ class LaneMachine(RuleBasedStateMachine):
         # it never read) in the lane.
         candidates = sorted([e[2] for e in self.model.queue] + sorted(self.model.holders))
         wid = data.draw(st.sampled_from(candidates))
-        reply = self.run("renew", [LEASE_MS, "", "w", member(wid), 0, 0, 0])
+        reply = self.run("renew", [LEASE_MS, "", "w", member(wid, self.model.workflow_of(wid)), 0, 0, 0, ""])
         if wid in self.model.holders:
             assert reply[3] == "g:%d:%d" % self.generations[wid]
         else:
@@ -202,8 +259,13 @@ class LaneMachine(RuleBasedStateMachine):
             return
         holders = set(self.client.zrange(self.keys[1], 0, -1))
         queue = self.client.zrange(self.keys[3], 0, -1)
-        assert holders == self.model.holders
-        assert queue == [member(e[2]) for e in sorted(self.model.queue)]
+        assert holders == set(self.model.holders)
+        assert queue == [member(e[2], e[3]) for e in sorted(self.model.queue)]
+        books = {k: int(v) for k, v in self.client.hgetall(self.keys[0]).items() if k.startswith("h:") and int(v)}
+        assert books == self.model.books(), "meta counts every holder by priority and workflow"
+        # Once a second workflow has queued, every waiter has its workflow queue entry; before, none.
+        multi = self.client.hget(self.keys[0], "multi") == "1"
+        assert self.client.zcard(self.keys[7]) == (len(queue) if multi else 0)
         assert set(self.client.zrange(self.keys[4], 0, -1)) == set(queue), "every waiter has a lease entry"
         assert int(self.client.hget(self.keys[0], "inflight")) == len(holders), "meta's inflight is ZCARD holders"
         # Never more than W, except holders admitted before a shrink (they drain).

@@ -38,7 +38,7 @@ def test_the_hot_scripts_run_their_fast_path_before_any_slow_path_helper(name):
 
 def test_every_key_of_a_lane_shares_one_hash_tag_and_the_prefix_is_versioned():
     keys = LaneKeys("lanes:v2", "pool:42").all()
-    assert len(keys) == 6 and all(k.startswith("lanes:v2:{pool:42}:") for k in keys)
+    assert len(keys) == 8 and all(k.startswith("lanes:v2:{pool:42}:") for k in keys)
     assert lane_of_meta("lanes:v2", keys[0]) == "pool:42"
     assert meta_pattern("lanes:v2") == "lanes:v2:{*}:meta"
 

@@ -89,3 +89,22 @@ def test_a_caller_may_lower_a_workflows_priority(runtime):
     urgent.join(10)
     # The later interactive request went ahead of the earlier, lowered one.
     assert results["urgent"].trace.steps[-1]["admitted_at"] < results["lowered"].trace.steps[-1]["admitted_at"]
+
+
+def test_the_walker_waits_in_the_lane_as_the_tasks_workflow(runtime):
+    # The lane's share per workflow (issue 14) needs the task's workflow name.
+    lane = runtime.lane(runtime.table().pools["p"])
+    hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
+    results = {}
+    walking = threading.Thread(target=lambda: results.setdefault(
+        "r", Walker(runtime).walk(request("chat", Priority.INTERACTIVE, deadline=time.time() + 30))))
+    walking.start()
+    deadline = time.monotonic() + 5
+    while lane.stats().queued[Priority.INTERACTIVE] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    books = {(w.priority, w.workflow): w for w in lane.stats().workflows}
+    hold.release()
+    walking.join(10)
+    assert books[(Priority.INTERACTIVE, "chat")].waiting == 1
+    assert books[(Priority.INTERACTIVE, "")].in_flight == 1  # the test's own holder: the anonymous workflow
+    assert results["r"].trace.outcome == "served"

@@ -1,5 +1,5 @@
 -- acquire.lua: grant at once, or join the queue (or, with try_only, refuse).
--- KEYS: the six lane keys (see lib_base.lua).
+-- KEYS: the eight lane keys (see lib_base.lua).
 -- ARGV[1] id           waiter/holder id "<process token>.<n>" (unique per acquisition)
 -- ARGV[2] priority     0 interactive, 1 user tool, 2 background
 -- ARGV[3] timeout_ms   wait budget; -1 = no limit (the waiter lease still applies)
@@ -11,10 +11,13 @@
 --                      looked for); 0 = a rejoin
 -- ARGV[9] previous     0 only: the member of this id's earlier queue entry
 --                      ('' = none), removed so a rejoin makes no second entry
--- ARGV[10] run         run_id of the server the caller reached ('' = unknown; lib_base.lua)
--- A queued waiter's member is ARGV[7]:ARGV[3]:ARGV[4]:ARGV[1] (notify, timeout,
--- its own lease, id): the lease travels with the entry, so a slot handed to
--- this waiter gets the waiter's lease, whoever hands it over.
+-- ARGV[10] workflow    the caller's workflow ('' = the anonymous one): its
+--                      share within the priority (lib_share.lua)
+-- ARGV[11] run         run_id of the server the caller reached ('' = unknown; lib_base.lua)
+-- A queued waiter's member is ARGV[7]:ARGV[3]:ARGV[4]:ARGV[1][:ARGV[10]]
+-- (notify, timeout, its own lease, id, workflow if any): the lease travels
+-- with the entry, so a slot handed to this waiter gets the waiter's lease,
+-- whoever hands it over.
 -- Idempotent: a call for an id that already holds or waits (a call re-sent
 -- after its reply was lost) answers with that state and changes nothing.
 -- Returns one of:
@@ -24,7 +27,7 @@
 --   {'nostate'}                        state absent and width unknown
 --! include base
 local id, prio, timeout_ms = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local lease_ms = tonumber(ARGV[4])
+local lease_ms, wf = tonumber(ARGV[4]), ARGV[10]
 local us = now_us()
 local now = math.floor(us / 1000)
 
@@ -33,7 +36,9 @@ local now = math.floor(us / 1000)
 -- and a slot free. Inline, with
 -- no helper beyond lib_base, so it creates no closure and no table of its own.
 if ARGV[8] == '1' then
-  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight', 'run')
+  -- hfield: this workflow's holder count at this priority (lib_hold.lua note_holding).
+  local hfield = 'h:' .. ARGV[2] .. ':' .. wf
+  local m = redis.call('HMGET', K_META, 'width', 'epoch', 'reap_at', 'counter', 'inflight', 'run', hfield)
   local reap_at = tonumber(m[3])
   local inflight = tonumber(m[5])
   -- Only on a state this server process wrote (RUN, lib_base.lua).
@@ -45,12 +50,15 @@ if ARGV[8] == '1' then
     -- changes nothing (inflight counts only entries really added).
     if redis.call('ZADD', K_HOLDERS, 'NX', deadline, id) == 1 then
       -- now, counter and deadline are below 10^14: '..' writes them exactly.
+      local held = (tonumber(m[7]) or 0) + 1
       if deadline < reap_at then
-        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, 'reap_at', deadline)
+        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, hfield, held, 'reap_at', deadline)
       else
-        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1)
+        redis.call('HSET', K_META, 'counter', counter, 'inflight', inflight + 1, hfield, held)
       end
-      redis.call('HSET', K_HINFO, id, m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2])
+      local info = m[2] .. ':' .. counter .. ':' .. now .. ':' .. ARGV[2]
+      if wf ~= '' then info = info .. ':' .. wf end
+      redis.call('HSET', K_HINFO, id, info)
       if redis.call('LPUSH', K_WAITS, ARGV[2] .. ':0') > WAITS_KEEP + WAITS_SLACK then
         redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
       end
@@ -82,17 +90,20 @@ if held then
   return {'granted', epoch, counter}
 end
 local member = ARGV[7] .. ':' .. ARGV[3] .. ':' .. ARGV[4] .. ':' .. id
-if ARGV[8] ~= '1' and ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= member
-    and redis.call('ZREM', K_QUEUE, ARGV[9]) == 1 then
-  redis.call('ZREM', K_WEXP, ARGV[9])
-  queued = queued - 1
+if wf ~= '' then member = member .. ':' .. wf end
+if ARGV[8] ~= '1' and ARGV[9] and ARGV[9] ~= '' and ARGV[9] ~= member then
+  local old = tonumber(redis.call('ZSCORE', K_QUEUE, ARGV[9]))
+  if old then
+    queue_remove(st, ARGV[9], old)
+    queued = queued - 1
+  end
 end
 if redis.call('ZSCORE', K_QUEUE, member) then
   return {'queued', fmt(st.epoch), next_event(st, now)}
 end
 
 if now >= st.quiet_until and queued == 0 and st.inflight < st.width then
-  local counter = grant(st, id, prio, now, lease_ms)
+  local counter = grant(st, id, prio, now, lease_ms, wf)
   record_wait(prio, 0)
   return {'granted', fmt(st.epoch), fmt(counter)}
 end
@@ -105,8 +116,6 @@ if seq <= last then seq = last + 1 end
 redis.call('HSET', K_META, 'seq', fmt(seq))
 local wexp = now + lease_ms
 if timeout_ms >= 0 and now + timeout_ms < wexp then wexp = now + timeout_ms end
--- fmt: '..' and redis.call would write this 16-digit score in 14 digits.
-redis.call('ZADD', K_QUEUE, fmt(prio * PRIO_SPAN + seq), member)
-redis.call('ZADD', K_WEXP, wexp, member)
+queue_add(st, member, prio, seq, wexp)
 lower_reap_at(st, wexp)
 return {'queued', fmt(st.epoch), next_event(st, now)}

@@ -1,7 +1,7 @@
 -- leave.lua: a waiter stops waiting (its budget ran out, or it was cancelled).
 -- If a slot was handed to it in the same instant, the slot goes back to the
 -- next waiter, so nothing leaks and nobody holds after being told it did not.
--- KEYS: the six lane keys (see lib_base.lua).
+-- KEYS: the eight lane keys (see lib_base.lua).
 -- ARGV[1] member    the waiter's member (see lib_base.lua)
 -- ARGV[2] reason    'timeouts' or 'cancels' (the counter to bump)
 -- ARGV[3] lease_ms  the caller's lease (a returned slot handed on gets the
@@ -20,10 +20,11 @@ if not st then return 'gone' end
 local outcome = 'gone'
 local _, _, id = parse_waiter(member)
 if not id then
-  return redis.error_reply('leave: waiter member must be notify:timeout_ms:id, got ' .. member)
+  return redis.error_reply('leave: waiter member must be notify:timeout_ms:lease_ms:id[:workflow], got ' .. member)
 end
-if redis.call('ZREM', K_QUEUE, member) == 1 then
-  redis.call('ZREM', K_WEXP, member)
+local score = tonumber(redis.call('ZSCORE', K_QUEUE, member))
+if score then
+  queue_remove(st, member, score)
   outcome = 'left'
 elseif redis.call('HEXISTS', K_HINFO, id) == 1 then
   unhold(st, id, now, nil)

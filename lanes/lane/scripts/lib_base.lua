@@ -7,23 +7,36 @@
 -- their fast path: each call of a script runs the top level of everything it
 -- includes (a closure per local function), so what is not included costs nothing.
 --
--- Every script of a lane takes the same six KEYS, all sharing one hash tag
+-- Every script of a lane takes the same eight KEYS, all sharing one hash tag
 -- (one Redis Cluster slot); lanes/lane/keys.py builds them:
 --   KEYS[1] meta     hash  width, epoch, counter (last generation), inflight
 --                          (holders), seq (last enqueue stamp), quiet_until (ms),
 --                          reap_at (ms), returned, timeouts, cancels, expired,
 --                          lapsed, hold_ewma_ms, run (run_id of the server
---                          that wrote the state), restarts, repairs
+--                          that wrote the state), restarts, repairs, and
+--                          h:<p>:<wf> (holders of workflow wf at priority p;
+--                          in meta so the hot paths read and write it with
+--                          the rest), wf1 (the first workflow that queued),
+--                          multi ('1' once another workflow queued too:
+--                          from then on every waiter is also in wfq)
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
 --   KEYS[4] queue    zset  waiter -> priority * PRIO_SPAN + seq (class, then arrival)
 --   KEYS[5] wexp     zset  waiter -> min(waiter lease deadline, wait deadline)
 --   KEYS[6] waits    list  recent admission waits "priority:ms", newest first
+--   KEYS[7] shares   hash  co:<p> / cl:<p>: the last workflow served at
+--                          priority p by the owed / the lending pass (lib_share.lua)
+--   KEYS[8] wfq      zset  once meta multi is '1', every waiter again, all scores 0, as
+--                          "<p>:<#wf>:<wf>:<seq, 16 digits>:<member>": the
+--                          head of one workflow at one priority is one
+--                          ZRANGEBYLEX (lib_share.lua)
 --
 -- A waiter's member (in queue and wexp) is its whole record,
--- "notify:timeout_ms:lease_ms:id" (lease_ms: the waiter's own lease), so the head of the queue comes with everything a
--- grant needs and a waiter leaves with ZREM alone. notify 1 = the grant must
+-- "notify:timeout_ms:lease_ms:id[:workflow]" (lease_ms: the waiter's own
+-- lease; no workflow part for the anonymous workflow ''), so the head of the
+-- queue comes with everything a grant needs. notify 1 = the grant must
 -- reach a subscriber or the waiter is dropped; timeout_ms -1 = no wait limit.
+-- A holder's hinfo entry is "epoch:counter:granted_ms:priority[:workflow]".
 -- seq is the enqueue time in microseconds since the epoch, raised past the
 -- previous one when two arrive in the same microsecond: it orders arrivals
 -- and dates them (the admission wait of a grant is now - seq).
@@ -38,7 +51,7 @@
 -- release take their fast paths only while now < reap_at; every other
 -- script reaps in full and stores the exact bound.
 local K_META, K_HOLDERS, K_HINFO, K_QUEUE = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local K_WEXP, K_WAITS = KEYS[5], KEYS[6]
+local K_WEXP, K_WAITS, K_SHARES, K_WFQ = KEYS[5], KEYS[6], KEYS[7], KEYS[8]
 
 -- The last ARGV of every script: the run_id of the Redis server the caller's
 -- connection reached ('' = not known: no check). meta 'run' holds the run_id

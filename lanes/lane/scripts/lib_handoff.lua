@@ -1,30 +1,29 @@
 -- lib_handoff.lua: direct handoff of free slots to head waiters.
---! include hold queue
+--! include hold share
 
--- Direct handoff: give free slots to head waiters, waking exactly each one
--- through its process's channel. The grant itself lives in hinfo (the
--- waiter's mailbox); the message is only the doorbell, and a waiter whose
--- doorbell is lost finds the grant at its next renewal.
+-- Direct handoff: give free slots to waiters (the one lib_share.lua's
+-- next_waiter names each time), waking exactly each one through its
+-- process's channel. The grant itself lives in hinfo (the waiter's mailbox);
+-- the message is only the doorbell, and a waiter whose doorbell is lost finds
+-- the grant at its next renewal.
 -- Returns true when slots and waiters remain after GRANT_MAX steps.
 local function grant_free(st, now)
   if now < st.quiet_until then return false end
   local steps = 0
   while st.width - st.inflight > 0 and steps < GRANT_MAX do
     steps = steps + 1
-    local head = redis.call('ZRANGE', K_QUEUE, 0, 0, 'WITHSCORES')
-    if #head == 0 then return false end
-    local member, score = head[1], tonumber(head[2])
+    local member, score = next_waiter(st)
+    if not member then return false end
     local exp = tonumber(redis.call('ZSCORE', K_WEXP, member))
     if exp == nil or exp <= now then
       drop_waiter(st, member, now)
     else
-      redis.call('ZREM', K_QUEUE, member)
-      redis.call('ZREM', K_WEXP, member)
+      local wf = queue_remove(st, member, score)
       -- The waiter's own lease, not the caller's: with two lease settings
       -- on one lane, a holder's lease is always the one it renews by.
       local notify, _, id, own_lease = parse_waiter(member)
       local prio = math.floor(score / PRIO_SPAN)
-      local counter = grant(st, id, prio, now, own_lease)
+      local counter = grant(st, id, prio, now, own_lease, wf)
       local heard = redis.call('PUBLISH', channel_of(id),
         id .. ' ' .. fmt(st.epoch) .. ' ' .. fmt(counter))
       if notify == '1' and heard == 0 then

@@ -18,6 +18,19 @@ local function reap(st, now)
     st.inflight = holding
     redis.call('HSET', K_META, 'inflight', holding)
     redis.call('HINCRBY', K_META, 'repairs', 1)
+    -- The holder counts per workflow follow the entries too: recounted.
+    local fields = redis.call('HKEYS', K_META)
+    for i = 1, #fields do
+      if string.sub(fields[i], 1, 2) == 'h:' then redis.call('HDEL', K_META, fields[i]) end
+    end
+    local ids = redis.call('ZRANGE', K_HOLDERS, 0, -1)
+    for i = 1, #ids do
+      local info = redis.call('HGET', K_HINFO, ids[i])
+      if info then
+        local _, _, _, prio, wf = parse_hinfo(info)
+        note_holding(prio, wf, 1)
+      end
+    end
   end
   local next_at = NEVER
   local h = redis.call('ZRANGE', K_HOLDERS, 0, 0, 'WITHSCORES')

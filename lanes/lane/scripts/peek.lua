@@ -1,5 +1,5 @@
 -- peek.lua: read the lane's statistics (and reap, so counts are current).
--- KEYS: the six lane keys (see lib_base.lua).
+-- KEYS: the eight lane keys (see lib_base.lua).
 -- ARGV[1] lease_ms  the caller's lease (the quiet period if the state must start over)
 -- ARGV[2] samples   1 = include the admission-wait samples (stats), 0 = not
 --                   (forecast: O(log n), no list read)
@@ -7,7 +7,9 @@
 -- Returns {} when the lane has no state, else
 --   {width, in_flight, queued_0, queued_1, queued_2, hold_ewma_ms or '',
 --    measured (1 once a hold was timed), grants, timeouts, cancels, expired, lapsed, epoch, quiet_ms,
---    repairs (times inflight was found apart from the holder entries and repaired), samples...}
+--    repairs (times inflight was found apart from the holder entries and repaired),
+--    k, k workflow entries "priority:in_flight:waiting:owed:workflow" (stats only;
+--    k = 0 for a forecast), samples...}
 --! include reap handoff
 local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
@@ -32,6 +34,26 @@ local quiet = st.quiet_until - now
 if quiet < 0 then quiet = 0 end
 out[#out + 1] = quiet
 out[#out + 1] = tonumber(redis.call('HGET', K_META, 'repairs')) or 0
+local books = {}
+if ARGV[2] == '1' then
+  for p = 0, 2 do
+    local held, waiting = books_of(st, p)
+    local share = share_of(st.width, held, waiting)
+    local names, seen = {}, {}
+    for wf, n in pairs(held) do if n > 0 and not seen[wf] then seen[wf] = true; names[#names + 1] = wf end end
+    for wf, n in pairs(waiting) do if n > 0 and not seen[wf] then seen[wf] = true; names[#names + 1] = wf end end
+    table.sort(names)
+    for _, wf in ipairs(names) do
+      local h, w = math.max(0, held[wf] or 0), math.max(0, waiting[wf] or 0)
+      -- Owed: slots still due to a workflow that waits, under its share.
+      local owed = 0
+      if w > 0 and h < share then owed = share - h end
+      books[#books + 1] = p .. ':' .. h .. ':' .. w .. ':' .. owed .. ':' .. wf
+    end
+  end
+end
+out[#out + 1] = #books
+for i = 1, #books do out[#out + 1] = books[i] end
 if ARGV[2] == '1' then
   local samples = redis.call('LRANGE', K_WAITS, 0, WAITS_KEEP - 1)
   for i = 1, #samples do out[#out + 1] = samples[i] end

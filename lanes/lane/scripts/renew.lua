@@ -1,15 +1,17 @@
 -- renew.lua: one batched renewal of a process's holders and waiters on a lane,
 -- plus the reap-and-handoff any call does (so a process with waiters that wakes
 -- at the earliest lease expiry reaps crashed holders even when no one else acts).
--- KEYS: the six lane keys (see lib_base.lua).
+-- KEYS: the eight lane keys (see lib_base.lua).
 -- ARGV[1] lease_ms  new lease length from now
 -- ARGV[2] width     owner's width if the state must be recreated; '' = ask
--- ARGV[3..] entries of 5 fields each:
+-- ARGV[3..] entries of 6 fields each:
 --   kind     'h' holder or 'w' waiter
 --   id       holder: its id; waiter: its member (see lib_base.lua)
 --   epoch    holder: epoch of its generation; waiter: epoch it queued in
 --   counter  holder: counter of its generation; waiter: 0
 --   priority
+--   workflow holder: its workflow ('' = anonymous; kept if it re-registers);
+--            waiter: '' (its member names it)
 -- ARGV[last] run    run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {epoch, next_event_ms, more, code_1, ..., code_n} (or {'nostate'}):
 --   holder: 'ok' renewed | 'rereg' re-registered after a state loss | 'lost'
@@ -20,11 +22,11 @@ local lease_ms = tonumber(ARGV[1])
 local now = now_ms()
 local st = load_state(now, ARGV[2], lease_ms)
 if not st then return {'nostate'} end
-local n = (#ARGV - 3) / 5   -- the last ARGV is run
+local n = (#ARGV - 3) / 6   -- the last ARGV is run
 local codes = {}
 local deadline = now + lease_ms
 for i = 0, n - 1 do
-  local b = 3 + i * 5
+  local b = 3 + i * 6
   local kind, id, epoch, counter, prio = ARGV[b], ARGV[b + 1], ARGV[b + 2], ARGV[b + 3], ARGV[b + 4]
   local code
   if kind == 'h' then
@@ -41,8 +43,11 @@ for i = 0, n - 1 do
       -- A holder from before a state loss, inside the quiet period: take it
       -- back with its old generation (new grants all carry the new, larger
       -- epoch). Capped at the width: the lane never admits more than W.
-      if redis.call('ZADD', K_HOLDERS, deadline, id) == 1 then add_inflight(st, 1) end
-      redis.call('HSET', K_HINFO, id, epoch .. ':' .. counter .. ':' .. fmt(now) .. ':' .. prio)
+      if redis.call('ZADD', K_HOLDERS, deadline, id) == 1 then
+        add_inflight(st, 1)
+        note_holding(prio, ARGV[b + 5], 1)
+      end
+      redis.call('HSET', K_HINFO, id, hinfo_of(epoch, counter, now, prio, ARGV[b + 5]))
       code = 'rereg'
     else
       code = 'lost'

@@ -1,7 +1,7 @@
 -- resize.lua: set the width at once. A shrink revokes nobody (holders drain);
 -- a growth hands the new slots to waiters in this call (bounded; the client
 -- calls again while 'more').
--- KEYS: the six lane keys (see lib_base.lua).
+-- KEYS: the eight lane keys (see lib_base.lua).
 -- ARGV[1] width     new width (>= 0)
 -- ARGV[2] lease_ms  quiet period if the state must be made (a slot handed
 --                   to a waiter gets the waiter's own lease)
