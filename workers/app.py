@@ -31,6 +31,8 @@ from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
 from workers.memgate import MemoryGate, MemoryGateWatcher
+from workers.outcome import RESULT_STORE_RETRY, patient_backend_url, publish_retry
+from workers.prefetch import ForegroundPrefetch
 from workers.presence import PresenceHeartbeat
 from workers.runs import RunLeases
 
@@ -96,9 +98,12 @@ def create_app(
     settings: Settings | None = None,
     *,
     background: BackgroundQueue | None = None,
+    foreground_threads: int | None = None,
 ) -> Celery:
     """The worker app; with ``background``, its worker also consumes that
-    queue on a channel of its own (workers/background.py)."""
+    queue on a channel of its own (workers/background.py); with
+    ``foreground_threads``, Celery's own consumer holds at most that many
+    foreground messages (workers/prefetch.py)."""
     settings = settings or load_settings()
     # The recorded address, never a newly started embedded server: a worker
     # that lost its Redis reconnects to the same address when it comes back.
@@ -107,6 +112,14 @@ def create_app(
     context = WorkerContext(settings, redis_url)
     app.lanes_context = context
     app.lanes_background = background
+    app.lanes_foreground_threads = foreground_threads
+    # A task's end is recorded before its message is acknowledged, also
+    # through seconds of refused writes (workers/outcome.py).
+    app.conf.update(result_backend=patient_backend_url(redis_url), **RESULT_STORE_RETRY)
+    # After a reconnect Celery would reset the prefetch to the whole pool
+    # (foreground and background threads); ForegroundPrefetch's limit holds.
+    app.conf.worker_enable_prefetch_count_reduction = False
+    app.steps["consumer"].add(ForegroundPrefetch)
     app.steps["consumer"].add(BackgroundConsumer)
     app.steps["consumer"].add(MemoryGateHandle)
     app.steps["worker"].add(PresenceHeartbeat)
@@ -169,7 +182,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if lease is None:
                 # Another delivery runs this task now (the broker handed it out
                 # again): look again later, in case that one dies.
-                raise task.retry(countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
+                raise publish_retry(task, countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
             result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
                                  delivered_at=delivered_at)
             return result.as_dict()
@@ -183,12 +196,12 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
         except RequeueRequested as exc:
             if not walker.called:
                 raise Reject(str(exc), requeue=True) from None
-            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None) from None
+            raise publish_retry(task, args=[_carrying(request, walker.called)], countdown=0, max_retries=None) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
             untried = [m.name for m in runtime.workflow(request.workflow).candidates if m.name not in walker.called]
             countdown = min(RETRY_BACKOFF_CAP, 2.0 ** task.request.retries)
             if untried and _may_retry(request, task.request.retries, countdown):
-                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
+                raise publish_retry(task, args=[_carrying(request, walker.called)], exc=exc, countdown=countdown)
             raise
     finally:
         if lease is not None:
