@@ -123,9 +123,10 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
     assert broker.hlen("unacked") == 0
 
 
-# A width-1 fleet's worker has 2 foreground and 2 background threads, and
-# Celery's own consumer takes foreground messages up to the whole pool's size.
-TAKEN = 4
+# A width-1 fleet's worker has 2 foreground and 2 background threads; Celery's
+# own consumer takes one foreground message per foreground thread, no more
+# (workers/prefetch.py), so the rest stay in the queue for any other worker.
+TAKEN = 2
 
 RENAME_DOC = {
     "pools": [{"name": "gpu", "width": 1}],
@@ -142,6 +143,8 @@ def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redi
     eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == TAKEN, timeout=30, what="tasks waiting in the lane")
     broker = redis.Redis.from_url(private_redis)
     eventually(lambda: broker.llen("lanes.gpu") == 2, timeout=10, what="two in the fleet's queue")
+    time.sleep(1.0)  # room for a worker that takes more than its threads to show it
+    assert broker.llen("lanes.gpu") == 2 and broker.hlen("unacked") == TAKEN
 
     renamed = json.loads(json.dumps(RENAME_DOC))
     renamed["pools"] = [{"name": "gpu-renamed", "previous_names": ["gpu"], "width": 1}]
