@@ -13,7 +13,6 @@ import time
 
 from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, Reject
-from celery.worker import state as worker_state
 
 from lanes.celery_client import ROUTE_TASK, make_celery
 from lanes.errors import (
@@ -30,6 +29,7 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
+from workers.handback import StopTaking, hand_back_at_front
 from workers.memgate import MemoryGate, MemoryGateWatcher
 from workers.outcome import RESULT_STORE_RETRY, patient_backend_url, publish_retry
 from workers.prefetch import ForegroundPrefetch
@@ -121,6 +121,8 @@ def create_app(
     app.conf.worker_enable_prefetch_count_reduction = False
     app.steps["consumer"].add(ForegroundPrefetch)
     app.steps["consumer"].add(BackgroundConsumer)
+    app.lanes_not_taking = threading.Event()  # set once the worker stops taking work (workers/handback.py)
+    app.steps["consumer"].add(StopTaking)
     app.steps["consumer"].add(MemoryGateHandle)
     app.steps["worker"].add(PresenceHeartbeat)
 
@@ -190,7 +192,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if cancellation.reason == "revoked":
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
                 raise Ignore() from None
-            if _hand_back_at_front(task_id):
+            if hand_back_at_front(task_id, task.app.lanes_not_taking):
                 raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
@@ -221,33 +223,6 @@ def _finished(task, task_id: str) -> bool:
     except Exception:  # unknown: the run lease still keeps two deliveries apart
         log.warning("could not read the state of %s", task_id, exc_info=True)
         return False
-
-
-def _hand_back_at_front(task_id: str) -> bool:
-    """Put a task given up at shutdown back at the serving end of its queue.
-
-    Celery's requeue (``Reject(requeue=True)``) pushes the message at the far
-    end of the Redis list, behind every task queued since: an interactive task
-    handed back by a restart would lose its place. kombu's own restore (what
-    a closing channel does with unacknowledged messages) puts it back at the
-    front; the acknowledgement that follows the task's end then finds nothing
-    left to remove. False when the message cannot be found or restored that
-    way (the caller then requeues it the ordinary way).
-    """
-    for request in tuple(worker_state.active_requests):
-        if request.id != task_id:
-            continue
-        message = request.message
-        restore = getattr(getattr(message.channel, "qos", None), "restore_by_tag", None)
-        if restore is None:
-            return False
-        try:
-            restore(message.delivery_tag, leftmost=False)
-        except Exception:
-            log.warning("could not hand %s back to the front of its queue", task_id, exc_info=True)
-            return False
-        return True
-    return False
 
 
 def _carrying(request: RouteRequest, called: list[str]) -> dict:

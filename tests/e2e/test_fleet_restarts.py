@@ -180,6 +180,10 @@ def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queu
     assert len(serving_order) == TAKEN + 2
     assert set(serving_order[:TAKEN]) == {t.id for t in first}
     assert serving_order[TAKEN:] == [t.id for t in later]
+    # Handed back once, after the worker stopped taking work: the stopping
+    # worker never took a handed-back task (or a queued one) again.
+    assert [[a["outcome"] for a in dep.client.traces.load(t.id)] for t in first] == [["cancelled"]] * TAKEN
+    assert [dep.client.traces.load(t.id) for t in later] == [[], []]
 
 
 def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch):
@@ -213,3 +217,52 @@ def test_a_dropped_broker_connection_mid_call_does_not_call_the_backend_again(la
     assert long.get(timeout=90)["model"] == "slow"
     time.sleep(8)  # room for a second delivery to show itself
     assert calls_of(dep, long.id) == ["slow"]
+
+
+BG_DOC = {
+    "pools": [{"name": "gpu", "width": 1}],
+    "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 10_000}],
+    "workflows": [{"name": "bg", "priority": "background", "candidates": ["m"]}],
+}
+
+
+def test_background_waits_handed_back_by_restarts_all_run_once(launch, private_redis):
+    dep = launch(BG_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    lane = dep.lane("gpu")
+    broker = redis.Redis.from_url(private_redis)
+    hold = lane.acquire("interactive", timeout=10)
+    tasks = [dep.client.submit("bg", CHAT) for _ in range(6)]
+    eventually(lambda: lane.stats().queued[Priority.BACKGROUND] == 2, timeout=30, what="background waits in the lane")
+    for width in (2, 1, 2):  # each change restarts the fleet: a new worker, then the old one stops
+        changed = json.loads(json.dumps(BG_DOC))
+        changed["pools"][0]["width"] = width
+        changed["models"][0]["base_url"] = dep.sim.base_url
+        apply_document(dep.client.engine, changed)
+        eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the new worker beside the old")
+        eventually(lambda: len(dep.worker_children("gpu")) == 1, timeout=60, what="the old worker to stop")
+    hold.release()
+    for task in tasks:
+        assert task.get(timeout=60)["model"] == "m"
+        assert calls_of(dep, task.id) == ["m"]
+    assert broker.hlen("unacked") == 0
+
+
+def test_a_stopping_worker_never_takes_back_what_it_handed_back(launch, private_redis):
+    # Width 2: four foreground threads, two of them idle with a BRPOP already
+    # waiting on the queue when the two lane waits are handed back.
+    doc = json.loads(json.dumps(RENAME_DOC))
+    doc["pools"][0]["width"] = 2
+    dep = launch(doc, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    broker = redis.Redis.from_url(private_redis)
+    lane = dep.lane("gpu")
+    holds = [lane.acquire("interactive", timeout=10) for _ in range(2)]
+    waiting = [dep.client.submit("w", CHAT) for _ in range(2)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+
+    dep.stop_worker("gpu")
+    for hold in holds:
+        hold.release()
+    assert sorted(json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)) == sorted(
+        t.id for t in waiting)
+    assert broker.hlen("unacked") == 0
+    assert [[a["outcome"] for a in dep.client.traces.load(t.id)] for t in waiting] == [["cancelled"]] * 2

@@ -1,0 +1,87 @@
+"""Handing tasks back at shutdown, once this worker takes no more.
+
+A warm shutdown cancels every lane wait at once, and a task delivered after
+that moment is cancelled as it starts. Each is handed back to the front of
+its queue. Celery keeps its consumers running until the worker's blueprint
+stops them, so a task handed back in that window was taken again, at once,
+by the same stopping worker (its BRPOP was already waiting on the queue),
+cancelled again and handed back again, round and round until the consumers
+stopped; the fault harness lost background tasks at the end of such loops
+(left STARTED with two "cancelled" attempts and no message anywhere).
+
+So a task handed back at shutdown first waits until this worker has stopped
+taking work (:class:`StopTaking`, the first consumer step to stop), then goes
+back to the front of its queue for the other workers of its fleet.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from celery import bootsteps
+from celery.worker import state as worker_state
+from kombu.common import ignore_errors
+
+from workers.background import BackgroundConsumer
+
+log = logging.getLogger("lanes.worker")
+
+# How long a task waits for its worker to stop taking work before it is
+# requeued the ordinary way (well inside the supervisor's stop grace).
+STOP_TAKING_WAIT_SECONDS = 20.0
+
+
+class StopTaking(bootsteps.StartStopStep):
+    """Stops both consumers first when the worker stops, and says so.
+
+    Requires the background consumer, so it starts after both consumers and
+    stops before either: it cancels them itself (their own stops then find
+    nothing to do) and sets the app's ``lanes_not_taking`` event.
+    """
+
+    requires = {BackgroundConsumer}
+
+    def start(self, c) -> None:
+        c.app.lanes_not_taking.clear()
+
+    def stop(self, c) -> None:
+        if c.task_consumer is not None:
+            ignore_errors(c, c.task_consumer.cancel)
+        background = c.blueprint.steps.get(BackgroundConsumer.name)
+        if background is not None:
+            background.stop(c)
+        c.app.lanes_not_taking.set()
+
+    def shutdown(self, c) -> None:
+        self.stop(c)
+
+
+def hand_back_at_front(task_id: str, not_taking: threading.Event, *, wait: float = STOP_TAKING_WAIT_SECONDS) -> bool:
+    """Put a task given up at shutdown back at the serving end of its queue.
+
+    Celery's requeue (``Reject(requeue=True)``) pushes the message at the far
+    end of the Redis list, behind every task queued since: an interactive task
+    handed back by a restart would lose its place. kombu's own restore (what
+    a closing channel does with unacknowledged messages) puts it back at the
+    front; the acknowledgement that follows the task's end then finds nothing
+    left to remove. False when the worker did not stop taking work within
+    ``wait``, or the message cannot be found or restored that way (the caller
+    then requeues it the ordinary way).
+    """
+    if not not_taking.wait(wait):
+        return False
+    for request in tuple(worker_state.active_requests):
+        if request.id != task_id:
+            continue
+        message = request.message
+        restore = getattr(getattr(message.channel, "qos", None), "restore_by_tag", None)
+        if restore is None:
+            return False
+        try:
+            restore(message.delivery_tag, leftmost=False)
+        except Exception:
+            log.warning("could not hand %s back to the front of its queue", task_id, exc_info=True)
+            return False
+        return True
+    return False
