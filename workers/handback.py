@@ -12,6 +12,15 @@ stopped; the fault harness lost background tasks at the end of such loops
 So a task handed back at shutdown first waits until this worker has stopped
 taking work (:class:`StopTaking`, the first consumer step to stop), then goes
 back to the front of its queue for the other workers of its fleet.
+
+"Stopped taking" includes the BRPOPs already sent: cancelling a consumer
+does not withdraw them, and for up to the transport's ``brpop_timeout`` the
+server still pops the next message of the queue into this worker's socket,
+where nobody reads it until the connection closes at the very end of the
+warm shutdown (after every call in flight). A task handed back into that
+BRPOP was lost when the stopping worker was then killed: the harness's
+tasks left PENDING with no trace. So the hand-back also waits out the BRPOPs
+already sent.
 """
 
 from __future__ import annotations
@@ -30,6 +39,8 @@ log = logging.getLogger("lanes.worker")
 # How long a task waits for its worker to stop taking work before it is
 # requeued the ordinary way (well inside the supervisor's stop grace).
 STOP_TAKING_WAIT_SECONDS = 20.0
+# Beyond the BRPOP timeout, for the server's reply to be sent.
+BRPOP_MARGIN_SECONDS = 0.5
 
 
 class StopTaking(bootsteps.StartStopStep):
@@ -51,10 +62,16 @@ class StopTaking(bootsteps.StartStopStep):
         background = c.blueprint.steps.get(BackgroundConsumer.name)
         if background is not None:
             background.stop(c)
-        c.app.lanes_not_taking.set()
+        # Once the BRPOPs already sent have timed out at the server (kombu
+        # sends no new one for a cancelled queue), this worker pops nothing.
+        brpop_timeout = getattr(getattr(c.connection, "transport", None), "brpop_timeout", 1) or 1
+        timer = threading.Timer(brpop_timeout + BRPOP_MARGIN_SECONDS, c.app.lanes_not_taking.set)
+        timer.daemon = True
+        timer.start()
 
     def shutdown(self, c) -> None:
-        self.stop(c)
+        if not c.app.lanes_not_taking.is_set():
+            self.stop(c)
 
 
 def hand_back_at_front(task_id: str, not_taking: threading.Event, *, wait: float = STOP_TAKING_WAIT_SECONDS) -> bool:

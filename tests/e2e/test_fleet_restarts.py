@@ -266,3 +266,38 @@ def test_a_stopping_worker_never_takes_back_what_it_handed_back(launch, private_
         t.id for t in waiting)
     assert broker.hlen("unacked") == 0
     assert [[a["outcome"] for a in dep.client.traces.load(t.id)] for t in waiting] == [["cancelled"]] * 2
+
+
+def test_tasks_handed_back_by_a_stopping_worker_survive_its_kill(launch, private_redis):
+    dep = launch(RESTART_DOC, [SimModel(name="slow", capacity=4, service_ms=30_000.0),
+                               SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
+    dep.stop_worker("gpu")  # a bare worker, so nothing else consumes the queue
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "4", "--background-threads", "1"],
+        env=dep.env,
+    )
+    broker = redis.Redis.from_url(private_redis)
+    lane = dep.lane("gpu")
+    try:
+        long = dep.client.submit("long", CHAT)  # keeps the warm shutdown waiting for its call
+        eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=60, what="the long call to start")
+        hold = lane.acquire("interactive", timeout=10)
+        short = [dep.client.submit("short", CHAT) for _ in range(2)]
+        # Two waits in the lane; the fourth thread is idle, its BRPOP waiting on the queue.
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+        worker.send_signal(signal.SIGTERM)  # warm: the waits are handed back, the long call runs on
+        eventually(lambda: all(dep.client.traces.load(t.id) for t in short), timeout=30, what="both waits given up")
+        time.sleep(3.0)
+        worker.send_signal(signal.SIGKILL)  # killed before its warm shutdown ended
+        worker.wait(30)
+        hold.release()
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+    queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)]
+    unacked = [json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")]
+    # The two handed-back tasks wait in the queue for the next worker; the
+    # long call's message waits in kombu's unacked record for its visibility timeout.
+    assert sorted(queued) == sorted(t.id for t in short)
+    assert unacked == [long.id]
