@@ -16,16 +16,18 @@ back to the front of its queue for the other workers of its fleet.
 "Stopped taking" includes the BRPOPs already sent: cancelling a consumer
 does not withdraw them, and for up to the transport's ``brpop_timeout`` the
 server still pops the next message of the queue into this worker's socket,
-where nobody reads it until the connection closes at the very end of the
-warm shutdown (after every call in flight). A task handed back into that
-BRPOP was lost when the stopping worker was then killed: the harness's
-tasks left PENDING with no trace. So the hand-back also waits out the BRPOPs
-already sent.
+where kombu reads it only when the connection closes, at the very end of the
+warm shutdown (after every call in flight). A task handed back into such a
+BRPOP, or a new one queued at that moment, was lost when the stopping worker
+was then killed: the harness's tasks left PENDING with no trace. So the step
+reads the reply of every BRPOP still pending before it says so (as kombu's
+own channel close does first): a message it brings is requeued at once.
 """
 
 from __future__ import annotations
 
 import logging
+import select
 import threading
 
 from celery import bootsteps
@@ -39,8 +41,8 @@ log = logging.getLogger("lanes.worker")
 # How long a task waits for its worker to stop taking work before it is
 # requeued the ordinary way (well inside the supervisor's stop grace).
 STOP_TAKING_WAIT_SECONDS = 20.0
-# Beyond the BRPOP timeout, for the server's reply to be sent.
-BRPOP_MARGIN_SECONDS = 0.5
+# Beyond the BRPOP timeout, for the server's empty reply to arrive.
+BRPOP_MARGIN_SECONDS = 1.0
 
 
 class StopTaking(bootsteps.StartStopStep):
@@ -60,18 +62,39 @@ class StopTaking(bootsteps.StartStopStep):
         if c.task_consumer is not None:
             ignore_errors(c, c.task_consumer.cancel)
         background = c.blueprint.steps.get(BackgroundConsumer.name)
+        channels = [getattr(c.task_consumer, "channel", None)]
         if background is not None:
+            channels.append(getattr(background.consumer, "channel", None))
             background.stop(c)
-        # Once the BRPOPs already sent have timed out at the server (kombu
-        # sends no new one for a cancelled queue), this worker pops nothing.
-        brpop_timeout = getattr(getattr(c.connection, "transport", None), "brpop_timeout", 1) or 1
-        timer = threading.Timer(brpop_timeout + BRPOP_MARGIN_SECONDS, c.app.lanes_not_taking.set)
-        timer.daemon = True
-        timer.start()
+        for channel in channels:
+            finish_pending_brpop(channel)
+        c.app.lanes_not_taking.set()
 
     def shutdown(self, c) -> None:
         if not c.app.lanes_not_taking.is_set():
             self.stop(c)
+
+
+def finish_pending_brpop(channel) -> None:
+    """Read the reply of the channel's pending BRPOP, if any.
+
+    With its consumer cancelled, a message in that reply has no callback and
+    kombu requeues it ("Requeuing undeliverable message"); an empty reply
+    ends the BRPOP, and kombu sends no new one for a cancelled queue. The
+    same private calls kombu's ``Channel.close`` makes, made earlier; the
+    reply is read only once it has arrived (the server answers within
+    ``brpop_timeout``), so a connection that went silent cannot hold the
+    shutdown here.
+    """
+    if channel is None or not getattr(channel, "_in_poll", None):
+        return
+    try:
+        sock = channel.client.connection._sock
+        wait = (getattr(channel, "brpop_timeout", None) or 1) + BRPOP_MARGIN_SECONDS
+        if sock is not None and select.select([sock], [], [], wait)[0]:
+            channel._brpop_read()
+    except Exception:  # Empty (nothing came) or the connection is gone: nothing pending either way
+        pass
 
 
 def hand_back_at_front(task_id: str, not_taking: threading.Event, *, wait: float = STOP_TAKING_WAIT_SECONDS) -> bool:

@@ -286,6 +286,8 @@ def test_tasks_handed_back_by_a_stopping_worker_survive_its_kill(launch, private
         # Two waits in the lane; the fourth thread is idle, its BRPOP waiting on the queue.
         eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
         worker.send_signal(signal.SIGTERM)  # warm: the waits are handed back, the long call runs on
+        time.sleep(0.3)
+        late = dep.client.submit("short", CHAT)  # queued while the worker stops: its BRPOP may still wait
         eventually(lambda: all(dep.client.traces.load(t.id) for t in short), timeout=30, what="both waits given up")
         time.sleep(3.0)
         worker.send_signal(signal.SIGKILL)  # killed before its warm shutdown ended
@@ -297,7 +299,7 @@ def test_tasks_handed_back_by_a_stopping_worker_survive_its_kill(launch, private
             worker.wait()
     queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)]
     unacked = [json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")]
-    # The two handed-back tasks wait in the queue for the next worker; the
+    # The handed-back tasks and the late one wait in the queue for the next worker; the
     # long call's message waits in kombu's unacked record for its visibility timeout.
-    assert sorted(queued) == sorted(t.id for t in short)
+    assert sorted(queued) == sorted(t.id for t in [*short, late])
     assert unacked == [long.id]
