@@ -22,6 +22,17 @@ BRPOP, or a new one queued at that moment, was lost when the stopping worker
 was then killed: the harness's tasks left PENDING with no trace. So the step
 reads the reply of every BRPOP still pending before it says so (as kombu's
 own channel close does first): a message it brings is requeued at once.
+
+The worker that takes a handed-back task can itself die in the instant
+between popping the message and recording it in kombu's unacked record (a
+restart and a kill often come together): kombu's Redis transport pops and
+records in two steps, and a message caught between them is gone. So each
+hand-back also leaves a spare: a second unacked record of the message, owned
+by no one, stamped so that kombu's visibility sweep restores it after
+``SPARE_FUSE_SECONDS``. If the task already ran, the spare's delivery finds
+it ended and is dropped; if it still runs, the spare finds its run lease
+taken and looks again later; only if the message was lost does the spare run
+it. A hand-back costs one extra delivery, never a second call.
 """
 
 from __future__ import annotations
@@ -29,10 +40,13 @@ from __future__ import annotations
 import logging
 import select
 import threading
+import time
+import uuid
 
 from celery import bootsteps
 from celery.worker import state as worker_state
 from kombu.common import ignore_errors
+from kombu.utils.json import dumps
 
 from workers.background import BackgroundConsumer
 
@@ -41,6 +55,8 @@ log = logging.getLogger("lanes.worker")
 # How long a task waits for its worker to stop taking work before it is
 # requeued the ordinary way (well inside the supervisor's stop grace).
 STOP_TAKING_WAIT_SECONDS = 20.0
+# A hand-back's spare comes back after this (see the module's docstring).
+SPARE_FUSE_SECONDS = 30.0
 # Beyond the BRPOP timeout, for the server's empty reply to arrive.
 BRPOP_MARGIN_SECONDS = 1.0
 
@@ -123,5 +139,21 @@ def hand_back_at_front(task_id: str, not_taking: threading.Event, *, wait: float
         except Exception:
             log.warning("could not hand %s back to the front of its queue", task_id, exc_info=True)
             return False
+        leave_a_spare(message)
         return True
     return False
+
+
+def leave_a_spare(message, *, fuse: float = SPARE_FUSE_SECONDS) -> None:
+    """Record ``message`` once more in kombu's unacked record, under a tag
+    no consumer holds, due for the visibility sweep ``fuse`` seconds from now."""
+    channel, delivery = message.channel, message.delivery_info
+    qos = channel.qos
+    record = dumps([message._raw, delivery["exchange"], delivery["routing_key"]])
+    tag = str(uuid.uuid4())
+    due = time.time() - qos.visibility_timeout + fuse
+    try:
+        with channel.conn_or_acquire() as client:
+            client.pipeline().hset(qos.unacked_key, tag, record).zadd(qos.unacked_index_key, {tag: due}).execute()
+    except Exception:  # the hand-back itself is done; only its insurance is missing
+        log.warning("could not leave a spare of a handed-back message", exc_info=True)
