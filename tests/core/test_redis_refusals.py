@@ -13,22 +13,16 @@ import asyncio
 import pytest
 import redis
 
-from lanes.embedded import EmbeddedRedis
 from lanes.redis_conn import REDIS_UNAVAILABLE, connect, connect_async
 
 WRITE = "return redis.call('SET', KEYS[1], 'x')"
 
 
 @pytest.fixture
-def full_url(tmp_path):
-    server = EmbeddedRedis(tmp_path / "redis")
-    url = server.ensure()
-    admin = redis.Redis.from_url(url)
-    admin.config_set("maxmemory-policy", "noeviction")
+def full_url(fillable_redis):
+    url, admin = fillable_redis
     admin.config_set("maxmemory", 1)
-    yield url
-    admin.config_set("maxmemory", 0)
-    server.stop()
+    return url
 
 
 def test_a_plain_client_sees_a_generic_script_error(full_url):

@@ -13,19 +13,12 @@ import redis
 from celery.exceptions import Reject, Retry
 
 from lanes.celery_client import make_celery
-from lanes.embedded import EmbeddedRedis
 from workers.outcome import PatientRedisBackend, patient_backend_url, publish_retry
 
 
 @pytest.fixture
-def full_redis(tmp_path):
-    server = EmbeddedRedis(tmp_path / "redis")
-    url = server.ensure()
-    admin = redis.Redis.from_url(url)
-    admin.config_set("maxmemory-policy", "noeviction")
-    yield url, admin
-    admin.config_set("maxmemory", 0)
-    server.stop()
+def full_redis(fillable_redis):
+    return fillable_redis
 
 
 @pytest.fixture
