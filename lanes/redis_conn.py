@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import redis
 import redis.asyncio
+from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
+from redis.connection import DefaultParser
 
 from lanes.embedded import EmbeddedRedis
 from lanes.errors import RedisUnavailable
@@ -23,6 +25,30 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
     redis.exceptions.OutOfMemoryError,
     redis.exceptions.BusyLoadingError,
 )
+
+
+def _refusal_in_script(error: Exception) -> Exception:
+    """A write a script was refused for a full server, as the OutOfMemoryError it is.
+
+    Redis 7 passes the refusal out of a script with its own code (``OOM``);
+    Redis 6.2 wraps it in a generic script error (``ERR Error running script
+    ...: -OOM command not allowed ...``), which redis-py raises as a plain
+    ResponseError, outside REDIS_UNAVAILABLE: a lane or breaker script on a
+    full 6.2 server then ended a task with a raw redis-py error.
+    """
+    if type(error) is redis.exceptions.ResponseError and "-OOM command not allowed" in str(error):
+        return redis.exceptions.OutOfMemoryError(str(error))
+    return error
+
+
+class _ScriptRefusalParser(DefaultParser):
+    def parse_error(self, response):
+        return _refusal_in_script(super().parse_error(response))
+
+
+class _AsyncScriptRefusalParser(AsyncDefaultParser):
+    def parse_error(self, response):
+        return _refusal_in_script(super().parse_error(response))
 
 
 def resolve_redis_url(settings: Settings, *, start_embedded: bool = True) -> str:
@@ -45,13 +71,14 @@ def connect(url: str, *, timeout: float = 5.0, **kwargs) -> redis.Redis:
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         health_check_interval=0,
+        parser_class=_ScriptRefusalParser,
         **kwargs,
     )
 
 
 def connect_async(url: str, *, timeout: float = 5.0, **kwargs) -> redis.asyncio.Redis:
     return redis.asyncio.Redis.from_url(
-        url, socket_timeout=timeout, socket_connect_timeout=timeout, **kwargs
+        url, socket_timeout=timeout, socket_connect_timeout=timeout, parser_class=_AsyncScriptRefusalParser, **kwargs
     )
 
 

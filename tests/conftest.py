@@ -96,6 +96,19 @@ def redis_client(one_redis_url):
     client.close()
 
 
+@pytest.fixture
+def fillable_redis(tmp_path):
+    """(url, admin client) of a private no-eviction server a test may fill up
+    (``config_set("maxmemory", 1)`` refuses every write); never the machine's."""
+    server = EmbeddedRedis(tmp_path / "fillable-redis")
+    url = server.ensure()
+    admin = redis.Redis.from_url(url, socket_timeout=10)
+    admin.config_set("maxmemory-policy", "noeviction")
+    yield url, admin
+    admin.config_set("maxmemory", 0)
+    server.stop()
+
+
 # --- SQL -----------------------------------------------------------------------
 
 

@@ -13,7 +13,6 @@ import time
 
 from celery import Celery, bootsteps, signals, states
 from celery.exceptions import Ignore, Reject
-from celery.worker import state as worker_state
 
 from lanes import metrics
 from lanes.celery_client import HOSTED_FLEET, ROUTE_TASK, make_celery, shown_arguments
@@ -31,9 +30,12 @@ from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings
 from workers.background import BackgroundConsumer, BackgroundQueue
 from workers.cancel import CancelRegistry
+from workers.handback import StopTaking, hand_back_at_front
 from workers.in_flower import LaneEventSender, LanesInfo
 from workers.memgate import CGROUP, MemoryGate, MemoryGateWatcher, cgroup_memory
 from workers.metrics import MetricsEndpoint
+from workers.outcome import RESULT_STORE_RETRY, patient_backend_url, publish_retry
+from workers.prefetch import ForegroundPrefetch
 from workers.presence import PresenceHeartbeat
 from workers.runs import RunLeases
 
@@ -109,9 +111,12 @@ def create_app(
     settings: Settings | None = None,
     *,
     background: BackgroundQueue | None = None,
+    foreground_threads: int | None = None,
 ) -> Celery:
     """The worker app; with ``background``, its worker also consumes that
-    queue on a channel of its own (workers/background.py)."""
+    queue on a channel of its own (workers/background.py); with
+    ``foreground_threads``, Celery's own consumer holds at most that many
+    foreground messages (workers/prefetch.py)."""
     settings = settings or load_settings()
     # The recorded address, never a newly started embedded server: a worker
     # that lost its Redis reconnects to the same address when it comes back.
@@ -120,7 +125,17 @@ def create_app(
     context = WorkerContext(settings, redis_url)
     app.lanes_context = context
     app.lanes_background = background
+    app.lanes_foreground_threads = foreground_threads
+    # A task's end is recorded before its message is acknowledged, also
+    # through seconds of refused writes (workers/outcome.py).
+    app.conf.update(result_backend=patient_backend_url(redis_url), **RESULT_STORE_RETRY)
+    # After a reconnect Celery would reset the prefetch to the whole pool
+    # (foreground and background threads); ForegroundPrefetch's limit holds.
+    app.conf.worker_enable_prefetch_count_reduction = False
+    app.steps["consumer"].add(ForegroundPrefetch)
     app.steps["consumer"].add(BackgroundConsumer)
+    app.lanes_not_taking = threading.Event()  # set once the worker stops taking work (workers/handback.py)
+    app.steps["consumer"].add(StopTaking)
     app.steps["consumer"].add(MemoryGateHandle)
     app.steps["worker"].add(PresenceHeartbeat)
     app.steps["worker"].add(MetricsEndpoint)
@@ -187,7 +202,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 # Another delivery runs this task now (the broker handed it out
                 # again): look again later, in case that one dies.
                 count_retry(walker, request, "duplicate_delivery")
-                raise task.retry(countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
+                raise publish_retry(task, countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
             result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
                                  delivered_at=delivered_at)
             return result.as_dict()
@@ -196,15 +211,15 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 task.backend.mark_as_revoked(task_id, "revoked while waiting in a lane", request=task.request)
                 raise Ignore() from None
             count_retry(walker, request, "shutdown")
-            if _hand_back_at_front(task_id):
+            if hand_back_at_front(task_id, task.app.lanes_not_taking):
                 raise Ignore() from None
             raise Reject("worker shutting down during a lane wait", requeue=True) from None
         except RequeueRequested as exc:
             count_retry(walker, request, "requeued")
             if not walker.called:
                 raise Reject(str(exc), requeue=True) from None
-            raise task.retry(args=[_carrying(request, walker.called)], countdown=0, max_retries=None,
-                             **_shown(runtime, request)) from None
+            raise publish_retry(task, args=[_carrying(request, walker.called)], countdown=0, max_retries=None,
+                                **_shown(runtime, request)) from None
         except CapacityWaitTimeout as exc:
             raise _requeue_after_capacity_timeout(task, context.settings, runtime, request, walker, exc) from None
         except (CandidatesExhausted, RedisUnavailable) as exc:
@@ -213,8 +228,8 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             if untried and _may_retry(request, task.request.retries, countdown):
                 count_retry(walker, request, "redis_unavailable" if isinstance(exc, RedisUnavailable)
                             else "candidates_exhausted")
-                raise task.retry(args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
-                                 **_shown(runtime, request))
+                raise publish_retry(task, args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
+                                    **_shown(runtime, request))
             raise
     finally:
         if lease is not None:
@@ -248,33 +263,6 @@ def _finished(task, task_id: str) -> bool:
         return False
 
 
-def _hand_back_at_front(task_id: str) -> bool:
-    """Put a task given up at shutdown back at the serving end of its queue.
-
-    Celery's requeue (``Reject(requeue=True)``) pushes the message at the far
-    end of the Redis list, behind every task queued since: an interactive task
-    handed back by a restart would lose its place. kombu's own restore (what
-    a closing channel does with unacknowledged messages) puts it back at the
-    front; the acknowledgement that follows the task's end then finds nothing
-    left to remove. False when the message cannot be found or restored that
-    way (the caller then requeues it the ordinary way).
-    """
-    for request in tuple(worker_state.active_requests):
-        if request.id != task_id:
-            continue
-        message = request.message
-        restore = getattr(getattr(message.channel, "qos", None), "restore_by_tag", None)
-        if restore is None:
-            return False
-        try:
-            restore(message.delivery_tag, leftmost=False)
-        except Exception:
-            log.warning("could not hand %s back to the front of its queue", task_id, exc_info=True)
-            return False
-        return True
-    return False
-
-
 def _carrying(request: RouteRequest, called: list[str], **changes) -> dict:
     """The task's message for its next delivery, naming the candidates already called."""
     return {**request.to_message(), "called": list(dict.fromkeys([*request.called, *called])), **changes}
@@ -297,8 +285,8 @@ def _requeue_after_capacity_timeout(task, settings: Settings, runtime: Runtime, 
         log.info("task %s: %s; requeued in %.1fs (%d of %d)", task.request.id, exc, countdown, done + 1,
                  settings.capacity_requeues)
         count_retry(walker, request, "capacity_timeout")
-        return task.retry(args=[_carrying(request, walker.called, capacity_requeues=done + 1)],
-                          countdown=countdown, max_retries=None, throw=False, **_shown(runtime, request))
+        return publish_retry(task, args=[_carrying(request, walker.called, capacity_requeues=done + 1)],
+                             countdown=countdown, max_retries=None, throw=False, **_shown(runtime, request))
     if done >= settings.capacity_requeues:
         reason = (f"gave up after {done} capacity requeue{'s' if done != 1 else ''} "
                   f"(LANES_CAPACITY_REQUEUES={settings.capacity_requeues}; raise it, or widen the lanes)")

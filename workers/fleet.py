@@ -5,7 +5,9 @@ backlog never blocks another pool's work. Its worker has two sets of threads
 over one pool (see workers/background.py): one for the foreground queue
 (interactive and user-tool work) and one for the background queue. Each set
 is sized from the width the fleet must be able to fill, ``width x
-workers_per_lane`` clamped to the floor and cap but never below the width:
+workers_per_lane`` clamped to the floor and cap (``fleet_max_workers``) but
+never below the pool's configured width (a controller's headroom up to a
+large ceiling is filled within the cap, by more workers if need be):
 
 - background work alone can hold every slot and park a waiter per slot, so
   a freed slot is handed straight to the next background task;
@@ -77,15 +79,22 @@ def width_to_fill(table: RoutingTable, fleet: str, settings: Settings) -> int:
     return fleet_width(pool) if pool is not None else settings.fleet_min_workers
 
 
-def threads_per_queue(width: int, settings: Settings) -> int:
+def threads_per_queue(width: int, settings: Settings, *, configured: int | None = None) -> int:
     """Threads for each of the fleet's two queues.
 
-    ``workers_per_lane`` threads per slot keep a waiter ready in the lane for
-    each slot; the floor and cap bound that, but a queue never gets fewer
-    threads than the width, or it could not fill the lane on its own.
+    ``workers_per_lane`` threads per slot of ``width`` keep a waiter ready in
+    the lane for each slot; the floor and ``fleet_max_workers`` bound that.
+    A queue never gets fewer threads than the ``configured`` width (default:
+    ``width``), or it could not fill the lane on its own. The slots a
+    controller may add above the configured width (up to the ceiling) are
+    filled within the cap: a pool whose ceiling is 512 gets
+    ``fleet_max_workers`` threads per queue here, not 512, and more worker
+    processes on the same fleet fill the rest (a lane is shared by any number
+    of workers).
     """
+    configured = width if configured is None else configured
     wanted = min(settings.fleet_max_workers, max(settings.fleet_min_workers, width * settings.workers_per_lane))
-    return max(width, wanted)
+    return max(configured, wanted)
 
 
 def plan_fleet(table: RoutingTable, fleet: str, settings: Settings) -> FleetPlan:
@@ -93,7 +102,8 @@ def plan_fleet(table: RoutingTable, fleet: str, settings: Settings) -> FleetPlan
     if fleet not in known:
         raise InvalidInput(f"unknown fleet {fleet!r} (known: {', '.join(known) or 'none; apply a catalog first'})")
     width = width_to_fill(table, fleet, settings)
-    threads = threads_per_queue(width, settings)
+    pool = table.pools.get(fleet)
+    threads = threads_per_queue(width, settings, configured=pool.width if pool is not None else width)
     foreground, background = fleet_queues(fleet)
     return FleetPlan(
         fleet=fleet,

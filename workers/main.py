@@ -38,7 +38,8 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("celery.app.trace").setLevel(logging.ERROR)
 
     foreground, background = fleet_queues(args.fleet)
-    app = create_app(load_settings(), background=BackgroundQueue(background, args.background_threads))
+    app = create_app(load_settings(), background=BackgroundQueue(background, args.background_threads),
+                     foreground_threads=args.foreground_threads)
     app.worker_main(
         [
             "--quiet",

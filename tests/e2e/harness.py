@@ -140,7 +140,10 @@ class Deployment:
         deadline = time.monotonic() + timeout
         seen: set[str] = set()
         while time.monotonic() < deadline:
-            replies = self.client.celery.control.ping(timeout=1.0) or []
+            try:
+                replies = self.client.celery.control.ping(timeout=1.0) or []
+            except redis.exceptions.ConnectionError:  # a pooled connection an earlier test cut: ask again
+                continue
             seen = {name.split("@", 1)[0] for reply in replies for name in reply}
             if wanted <= seen:
                 return

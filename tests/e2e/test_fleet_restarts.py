@@ -123,9 +123,10 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
     assert broker.hlen("unacked") == 0
 
 
-# A width-1 fleet's worker has 2 foreground and 2 background threads, and
-# Celery's own consumer takes foreground messages up to the whole pool's size.
-TAKEN = 4
+# A width-1 fleet's worker has 2 foreground and 2 background threads; Celery's
+# own consumer takes one foreground message per foreground thread, no more
+# (workers/prefetch.py), so the rest stay in the queue for any other worker.
+TAKEN = 2
 
 RENAME_DOC = {
     "pools": [{"name": "gpu", "width": 1}],
@@ -142,6 +143,8 @@ def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redi
     eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == TAKEN, timeout=30, what="tasks waiting in the lane")
     broker = redis.Redis.from_url(private_redis)
     eventually(lambda: broker.llen("lanes.gpu") == 2, timeout=10, what="two in the fleet's queue")
+    time.sleep(1.0)  # room for a worker that takes more than its threads to show it
+    assert broker.llen("lanes.gpu") == 2 and broker.hlen("unacked") == TAKEN
 
     renamed = json.loads(json.dumps(RENAME_DOC))
     renamed["pools"] = [{"name": "gpu-renamed", "previous_names": ["gpu"], "width": 1}]
@@ -177,6 +180,10 @@ def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queu
     assert len(serving_order) == TAKEN + 2
     assert set(serving_order[:TAKEN]) == {t.id for t in first}
     assert serving_order[TAKEN:] == [t.id for t in later]
+    # Handed back once, after the worker stopped taking work: the stopping
+    # worker never took a handed-back task (or a queued one) again.
+    assert [[a["outcome"] for a in dep.client.traces.load(t.id)] for t in first] == [["cancelled"]] * TAKEN
+    assert [dep.client.traces.load(t.id) for t in later] == [[], []]
 
 
 def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch):
@@ -210,3 +217,105 @@ def test_a_dropped_broker_connection_mid_call_does_not_call_the_backend_again(la
     assert long.get(timeout=90)["model"] == "slow"
     time.sleep(8)  # room for a second delivery to show itself
     assert calls_of(dep, long.id) == ["slow"]
+
+
+BG_DOC = {
+    "pools": [{"name": "gpu", "width": 1}],
+    "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 10_000}],
+    "workflows": [{"name": "bg", "priority": "background", "candidates": ["m"]}],
+}
+
+
+def test_background_waits_handed_back_by_restarts_all_run_once(launch, private_redis):
+    dep = launch(BG_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    lane = dep.lane("gpu")
+    broker = redis.Redis.from_url(private_redis)
+    hold = lane.acquire("interactive", timeout=10)
+    tasks = [dep.client.submit("bg", CHAT) for _ in range(6)]
+    eventually(lambda: lane.stats().queued[Priority.BACKGROUND] == 2, timeout=30, what="background waits in the lane")
+    for width in (2, 1, 2):  # each change restarts the fleet: a new worker, then the old one stops
+        changed = json.loads(json.dumps(BG_DOC))
+        changed["pools"][0]["width"] = width
+        changed["models"][0]["base_url"] = dep.sim.base_url
+        apply_document(dep.client.engine, changed)
+        eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the new worker beside the old")
+        eventually(lambda: len(dep.worker_children("gpu")) == 1, timeout=60, what="the old worker to stop")
+    hold.release()
+    for task in tasks:
+        assert task.get(timeout=60)["model"] == "m"
+        assert calls_of(dep, task.id) == ["m"]
+    # The hand-backs' spares come back after their fuse, find their tasks ended and go.
+    eventually(lambda: broker.hlen("unacked") == 0 and broker.llen("lanes.gpu.background") == 0,
+               timeout=120, what="the spares to be dropped")
+    for task in tasks:
+        assert calls_of(dep, task.id) == ["m"]
+
+
+def test_a_stopping_worker_never_takes_back_what_it_handed_back(launch, private_redis):
+    # Width 2: four foreground threads, two of them idle with a BRPOP already
+    # waiting on the queue when the two lane waits are handed back.
+    doc = json.loads(json.dumps(RENAME_DOC))
+    doc["pools"][0]["width"] = 2
+    dep = launch(doc, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    broker = redis.Redis.from_url(private_redis)
+    lane = dep.lane("gpu")
+    holds = [lane.acquire("interactive", timeout=10) for _ in range(2)]
+    waiting = [dep.client.submit("w", CHAT) for _ in range(2)]
+    eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+
+    dep.stop_worker("gpu")
+    for hold in holds:
+        hold.release()
+    assert sorted(json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)) == sorted(
+        t.id for t in waiting)
+    # Nothing else holds them: kombu's unacked record keeps only each hand-back's spare.
+    assert sorted(json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")) == sorted(t.id for t in waiting)
+    assert [[a["outcome"] for a in dep.client.traces.load(t.id)] for t in waiting] == [["cancelled"]] * 2
+
+
+def test_tasks_handed_back_by_a_stopping_worker_survive_its_kill_and_their_takers(launch, private_redis):
+    dep = launch(RESTART_DOC, [SimModel(name="slow", capacity=4, service_ms=30_000.0),
+                               SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
+    dep.stop_worker("gpu")  # a bare worker, so nothing else consumes the queue
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "4", "--background-threads", "1"],
+        env=dep.env,
+    )
+    broker = redis.Redis.from_url(private_redis)
+    lane = dep.lane("gpu")
+    try:
+        long = dep.client.submit("long", CHAT)  # keeps the warm shutdown waiting for its call
+        eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=60, what="the long call to start")
+        hold = lane.acquire("interactive", timeout=10)
+        short = [dep.client.submit("short", CHAT) for _ in range(2)]
+        # Two waits in the lane; the fourth thread is idle, its BRPOP waiting on the queue.
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
+        worker.send_signal(signal.SIGTERM)  # warm: the waits are handed back, the long call runs on
+        time.sleep(0.3)
+        late = dep.client.submit("short", CHAT)  # queued while the worker stops: its BRPOP may still wait
+        eventually(lambda: all(dep.client.traces.load(t.id) for t in short), timeout=30, what="both waits given up")
+        time.sleep(3.0)
+        worker.send_signal(signal.SIGKILL)  # killed before its warm shutdown ended
+        worker.wait(30)
+        hold.release()
+    finally:
+        if worker.poll() is None:
+            worker.send_signal(signal.SIGKILL)
+            worker.wait()
+    queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)]
+    unacked = [json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")]
+    # The handed-back tasks and the late one wait in the queue for the next worker; the
+    # long call's message waits in kombu's unacked record for its visibility timeout,
+    # beside a spare of each handed-back task.
+    assert sorted(queued) == sorted(t.id for t in [*short, late])
+    # (the late task may have reached the worker before it stopped taking work: handed back too)
+    assert {long.id, *(t.id for t in short)} <= set(unacked) <= {long.id, late.id, *(t.id for t in short)}
+
+    # The next worker to take the handed-back tasks dies between popping and
+    # recording them (kombu pops and records in two steps): their copies are gone.
+    broker.delete("lanes.gpu")
+    dep.start_worker("gpu")
+    dep.wait_for_workers(["gpu"])
+    for task in short:  # the spares bring them back, and they run once
+        assert task.get(timeout=120)["model"] == "quick"
+        assert calls_of(dep, task.id) == ["quick"]

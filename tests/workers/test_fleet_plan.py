@@ -57,6 +57,29 @@ def test_a_queue_never_gets_fewer_threads_than_the_width(table, make_settings):
     assert threads(plan) == (60, 60, 120)
 
 
+def test_a_controllers_ceiling_above_the_cap_is_filled_within_the_cap(make_settings):
+    # A controller may learn any width up to the ceiling; one worker's
+    # threads for that headroom stop at fleet_max_workers (64), while the
+    # configured width is always covered.
+    document = {
+        "pools": [{"name": "wide", "width": 10, "ceiling": 512,
+                   "controller": {"kind": "overload", "interval_seconds": 1.0}},
+                  {"name": "wider", "width": 100, "ceiling": 512,
+                   "controller": {"kind": "overload", "interval_seconds": 1.0}}],
+        "models": [{"name": "m", "base_url": "http://127.0.0.1:9/v1", "pool": "wide"},
+                   {"name": "n", "base_url": "http://127.0.0.1:9/v1", "pool": "wider"}],
+        "workflows": [{"name": "a", "candidates": ["m"]}, {"name": "b", "candidates": ["n"]}],
+    }
+    settings = make_settings(workers_per_lane=2)
+    engine = open_catalog(settings)
+    apply_document(engine, document)
+    table = load_routing(engine)
+    wide = plan_fleet(table, "wide", settings)
+    assert wide.width == 512
+    assert threads(wide) == (64, 64, 128)
+    assert threads(plan_fleet(table, "wider", settings)) == (100, 100, 200)
+
+
 def test_the_worker_is_started_with_both_sets_of_threads(table, make_settings):
     plan = plan_fleet(table, "small", make_settings())
     assert plan.worker_args() == ["--fleet", "small", "--foreground-threads", "2", "--background-threads", "2"]
