@@ -19,6 +19,7 @@ catalog width is never written over a learned one.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from lanes.catalog import PoolInfo
 from lanes.catalog.controllers import KINDS, OFF
@@ -73,17 +74,30 @@ class WidthAuthority:
     def width(self, pool: PoolInfo) -> int:
         return decide_width(pool, self.state(pool))
 
-    def sync(self, pool: PoolInfo, lane: Lane) -> int | None:
+    def sync(self, pool: PoolInfo, lane: Lane, *, current: Callable[[int], PoolInfo | None] | None = None,
+             ) -> int | None:
         """Bring ``lane`` to the authority's width if it differs; the new width, or None.
 
         A lane with no state in Redis is left alone: it is created at the
         authority's width (through its width callable) with its quiet period,
         so a Redis restart under live holders never over-admits.
+
+        ``current`` (pool id -> the pool as the catalog has it now) is asked
+        before a follower changes a width: its view of the catalog can be up to
+        a refresh old, and an older view must not put back the width an
+        operator has just set (``pools set-width`` resizes the lane at once).
         """
         wanted = self.width(pool)
         stats = lane.stats()
         if not stats.exists or stats.width == wanted:
             return None
+        if current is not None:
+            pool = current(pool.id)
+            if pool is None:
+                return None  # no longer in the catalog: nothing to follow
+            wanted = self.width(pool)
+            if stats.width == wanted:
+                return None
         lane.resize(wanted)
         log.info("pool %s: lane width %d -> %d", pool.name, stats.width, wanted)
         if not running_kinds(pool):

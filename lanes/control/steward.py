@@ -69,7 +69,7 @@ class Steward:
                 self._lead(pool, table, lane, now)
             elif pool.id in self._leases:
                 self._resign(pool.id)
-            self.rt.authority.sync(pool, lane)
+            self.rt.authority.sync(pool, lane, current=self.rt.current_pool)
         for pool_id in [p for p in self._leases if p not in present]:
             self._resign(pool_id)
 

@@ -109,6 +109,13 @@ class Runtime:
                 return pool
         raise InvalidInput(f"pool id {pool_id} is no longer in the catalog")
 
+    def current_pool(self, pool_id: int) -> PoolInfo | None:
+        """Pool ``pool_id`` as the catalog has it now (the stamp asked again), or None if gone."""
+        for pool in self.catalog.table(recheck=True).pools.values():
+            if pool.id == pool_id:
+                return pool
+        return None
+
     def _pool_width(self, pool_id: int) -> int:
         """The width a lane is (re)created at: the authority's, never the bare catalog's."""
         return self.authority.width(self.pool_by_id(pool_id))
@@ -117,7 +124,7 @@ class Runtime:
         for pool in table.pools.values():
             lane = self._lanes.get(pool.id)
             if lane is not None:
-                self.authority.sync(pool, lane)
+                self.authority.sync(pool, lane, current=self.current_pool)
         try:
             self.shares.follow(table)
         except Exception:  # Redis away: the next change (or draw) catches up

@@ -32,10 +32,11 @@ class CatalogView:
         self._table: RoutingTable | None = None
         self._checked_at = 0.0
 
-    def table(self) -> RoutingTable:
+    def table(self, *, recheck: bool = False) -> RoutingTable:
+        """The table; ``recheck`` asks the database now instead of within ``refresh_seconds``."""
         with self._lock:
             now = time.monotonic()
-            if self._table is not None and now - self._checked_at < self._refresh_seconds:
+            if not recheck and self._table is not None and now - self._checked_at < self._refresh_seconds:
                 return self._table
             self._checked_at = now
             fresh = refresh(self.engine, self._table)

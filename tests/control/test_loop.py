@@ -266,3 +266,30 @@ def rt_table(engine):
     from lanes.catalog import load_routing
 
     return load_routing(engine)
+
+
+def test_a_follower_with_an_older_view_of_the_catalog_never_puts_back_the_width_just_set(
+        make_settings, one_redis_url):
+    # ``pools set-width`` writes the catalog and resizes the live lane at once; a
+    # worker's follower still holding the catalog from before (its view is
+    # re-read at most once a refresh) must not resize the lane back.
+    from lanes.catalog.pools import set_pool_width
+    from lanes.control.steward import Steward
+
+    settings = make_settings(redis_url=one_redis_url)
+    engine = open_catalog(settings)
+    apply_document(engine, document({"kind": "off"}))
+    rt = Runtime(settings, redis_url=one_redis_url, engine=engine, refresh_seconds=3600.0)
+    try:
+        provision_lanes(rt.client, settings, rt.table())
+        stale = rt.table().pools["gpu"]
+        assert rt.lane(stale).stats().width == 10
+        # The operator's set-width, as lanes.ops.pools.set_width does it.
+        fresh = set_pool_width(engine, "gpu", 3)
+        rt.lane(fresh).resize(3)
+        assert rt.table().pools["gpu"].width == 10  # the follower's view is still the old one
+        Steward(rt).pass_once()
+        assert rt.lane(stale).stats().width == 3
+        assert rt.table().pools["gpu"].width == 3  # and it has caught up with the catalog
+    finally:
+        rt.close()
