@@ -69,7 +69,9 @@ class FailoverParams:
 
 
 DEFAULTS = FailoverParams()
+# The defaults are written twice (the validated table above, the typed record here): keep them one.
 assert {f.name for f in fields(FailoverParams)} == {*PARAMS, "overload_statuses"}
+assert all(getattr(DEFAULTS, name) == param.default for name, param in PARAMS.items())
 
 
 def problems(value: Any) -> list[tuple[str, str]]:
