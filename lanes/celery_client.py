@@ -63,9 +63,16 @@ def queue_for(fleet: str, priority: Priority) -> str:
     return background if priority is Priority.BACKGROUND else foreground
 
 
+# kombu resolves it when a connection is first made, so importing this module imports no transport.
+BROKER_TRANSPORT = "lanes.broker:Transport"
+
+
 def celery_config(settings: Settings, redis_url: str) -> dict:
     return {
         "broker_url": redis_url,
+        # kombu's Redis transport with one client per channel (lanes/broker.py);
+        # other schemes (rediss, sentinel, socket) keep kombu's own.
+        **({"broker_transport": BROKER_TRANSPORT} if redis_url.startswith("redis://") else {}),
         "result_backend": redis_url,
         "task_serializer": "json",
         "result_serializer": "json",
