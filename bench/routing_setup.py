@@ -36,19 +36,24 @@ def catalog(width: int) -> dict:
 
 
 class Bench:
+    # Redis's 16 databases (0 left alone), reused in turn: each deployment is
+    # closed before the next one starts, and each starts on a flushed database.
+    DATABASES = 15
+
     def __init__(self, base_url: str, work: Path) -> None:
         self.base_url = base_url
         self.work = work
-        self._db = 0
+        self._made = 0
 
     def next_url(self) -> str:
-        self._db += 1
-        url = f"{self.base_url}/{self._db}"
+        self._made += 1
+        url = f"{self.base_url}/{(self._made - 1) % self.DATABASES + 1}"
         redis.Redis.from_url(url).flushdb()
         return url
 
     def deploy(self, sim: RemoteSim, width: int, **settings):
-        return deploy(self.work / f"d{self._db + 1}", self.next_url(), catalog(width), sim, ["p"], **settings)
+        url = self.next_url()
+        return deploy(self.work / f"d{self._made}", url, catalog(width), sim, ["p"], **settings)
 
     def plain(self, sim: RemoteSim, concurrency: int, queue: str = "plain") -> "Plain":
         return Plain(self.next_url(), self.work, concurrency, queue)
