@@ -25,8 +25,7 @@ PLAIN_TASK = "bench.plain_call"
 
 def create_app():
     settings = load_settings()
-    app = make_celery(settings, resolve_redis_url(settings), main="plain")
-    app.conf.broker_transport = None  # kombu's own Redis transport: plain Celery
+    app = make_celery(settings, resolve_redis_url(settings), main="plain", kombu_transport=True)  # plain Celery
     backend = BackendClient()
 
     @app.task(name=PLAIN_TASK, acks_late=True)

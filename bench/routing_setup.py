@@ -64,8 +64,8 @@ class Plain:
 
     def __init__(self, redis_url: str, work: Path, concurrency: int, queue: str) -> None:
         self.settings = Settings(state_dir=work / "plain", redis_url=redis_url)
-        self.app = make_celery(self.settings, redis_url, main="plain-client")
-        self.app.conf.broker_transport = None  # kombu's own Redis transport: plain Celery
+        # kombu's own transport: plain Celery.
+        self.app = make_celery(self.settings, redis_url, main="plain-client", kombu_transport=True)
         self.queue = queue
         env = {"LANES_REDIS_URL": redis_url, "LANES_STATE_DIR": str(work / "plain"), "PATH": "/usr/bin:/bin"}
         self.proc = subprocess.Popen(

@@ -67,12 +67,15 @@ def queue_for(fleet: str, priority: Priority) -> str:
 BROKER_TRANSPORT = "lanes.broker:Transport"
 
 
-def celery_config(settings: Settings, redis_url: str) -> dict:
+def celery_config(settings: Settings, redis_url: str, *, kombu_transport: bool = False) -> dict:
+    """Celery's settings for Lanes. ``kombu_transport``: keep kombu's own Redis transport
+    (Flower, which reads the broker's kind from the URI scheme; the plain-Celery baselines)."""
+    own = redis_url.startswith("redis://") and not kombu_transport
     return {
         "broker_url": redis_url,
         # kombu's Redis transport with one client per channel (lanes/broker.py);
         # other schemes (rediss, sentinel, socket) keep kombu's own.
-        **({"broker_transport": BROKER_TRANSPORT} if redis_url.startswith("redis://") else {}),
+        **({"broker_transport": BROKER_TRANSPORT} if own else {}),
         "result_backend": redis_url,
         "task_serializer": "json",
         "result_serializer": "json",
@@ -116,8 +119,8 @@ def celery_config(settings: Settings, redis_url: str) -> dict:
     }
 
 
-def make_celery(settings: Settings, redis_url: str, *, main: str = "lanes") -> Celery:
+def make_celery(settings: Settings, redis_url: str, *, main: str = "lanes", kombu_transport: bool = False) -> Celery:
     """A Celery app configured for Lanes (publishing, results, workers)."""
     app = Celery(main, set_as_current=False)
-    app.conf.update(celery_config(settings, redis_url))
+    app.conf.update(celery_config(settings, redis_url, kombu_transport=kombu_transport))
     return app

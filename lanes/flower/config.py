@@ -80,9 +80,8 @@ def celery_app(settings: Settings, redis_url: str, queues: list[str]):
     """The Celery app Flower watches: Lanes' broker settings, every lane queue."""
     from kombu import Queue
 
-    app = make_celery(settings, redis_url, main="lanes-flower")
     # kombu's own transport: Flower reads the broker's kind from the connection's
     # URI scheme, which a transport named by class path would make unreadable.
-    app.conf.broker_transport = None
+    app = make_celery(settings, redis_url, main="lanes-flower", kombu_transport=True)
     app.conf.task_queues = [Queue(name) for name in queues]
     return app
