@@ -132,8 +132,15 @@ class AsyncHub:
                 continue
             if not message or message.get("type") != "message":
                 continue
+            parts = text(message["data"]).split(" ")
+            if len(parts) == 1:
+                # An urgent waiter asks one of our background holders for its slot.
+                permit = self.book.ask_yield(parts[0])
+                if permit is not None:
+                    permit._ask_yield()
+                continue
             try:
-                waiter_id, epoch, counter = text(message["data"]).split(" ")
+                waiter_id, epoch, counter = parts
                 generation = Generation(int(epoch), int(counter))
             except ValueError:
                 log.warning("ignored malformed doorbell message %r", message["data"])
@@ -243,9 +250,8 @@ class AsyncLane(LaneBase):
         return hub
 
     async def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False,
-                            previous: str = "", workflow: str = "") -> tuple:
-        args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous, workflow]
+                            previous: str = "", workflow: str = "", resume: bool = False) -> tuple:
+        args = self.acquire_args(waiter_id, priority, timeout_ms, try_only, fresh, previous, workflow, resume)
         parsed = self.parse_acquire(await self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -279,7 +285,8 @@ class AsyncLane(LaneBase):
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds, workflow)
 
     async def acquire(self, priority, timeout: float | None, *,
-                      cancel: asyncio.Event | None = None, workflow: str | None = None) -> AsyncPermit:
+                      cancel: asyncio.Event | None = None, workflow: str | None = None,
+                      resume: bool = False) -> AsyncPermit:
         """See :meth:`lanes.lane.Lane.acquire`. ``async with await lane.acquire(...) as permit:``
         releases on exit. A real coroutine, so ``asyncio.create_task`` takes it."""
         priority = self._priority(priority)
@@ -298,7 +305,8 @@ class AsyncLane(LaneBase):
         registered = False
         event = relay = None
         try:
-            parsed = await self._acquire_call(hub, waiter.id, priority, timeout_ms, False, True, workflow=workflow)
+            parsed = await self._acquire_call(hub, waiter.id, priority, timeout_ms, False, True, workflow=workflow,
+                                              resume=resume)
             deadline = None if timeout is None else started + timeout
             while True:
                 if parsed[0] == "granted":

@@ -83,6 +83,9 @@ class Book:
         # Granted waiters turned holders, registered without the lock (see
         # defer_holder) and folded in by the next locked call.
         self.pending: deque = deque()
+        # Holders asked to yield before they were registered here (the ask
+        # came between the grant and the registration): asked on registration.
+        self.early_yields: dict[str, None] = {}
 
     def _slot(self, lane) -> Slot:
         slot = self.slots.get(id(lane))
@@ -116,6 +119,32 @@ class Book:
             slot = self._slot(lane)
             slot.holders[permit.holder_id] = permit
             slot.note_lease(permit)
+            if self.early_yields:
+                self._early_yield(permit)
+
+    def settle(self) -> None:
+        """Fold in the holders registered without the lock."""
+        if self.pending:
+            self._fold_pending()
+
+    def _early_yield(self, permit: Permit) -> None:
+        if self.early_yields.pop(permit.holder_id, False) is None:
+            permit._ask_yield()
+
+    def ask_yield(self, holder_id: str) -> Permit | None:
+        """The permit of ``holder_id``, which an urgent waiter asks to yield
+        (the caller asks it, outside the hub's lock). An id not registered
+        yet is kept, and its permit asked when it registers."""
+        if self.pending:
+            self._fold_pending()
+        for slot in self.slots.values():
+            permit = slot.holders.get(holder_id)
+            if permit is not None:
+                return permit
+        if len(self.early_yields) >= UNCLAIMED_KEEP:
+            self.early_yields.pop(next(iter(self.early_yields)))
+        self.early_yields[holder_id] = None
+        return None
 
     def add_waiter(self, lane, waiter: Waiter) -> None:
         if self.pending:
@@ -146,6 +175,8 @@ class Book:
         slot = self._slot(lane)
         slot.holders[permit.holder_id] = permit
         slot.note_lease(permit)
+        if self.early_yields:
+            self._early_yield(permit)
 
     def remove_holder(self, lane, holder_id: str) -> None:
         if self.pending:

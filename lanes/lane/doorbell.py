@@ -14,6 +14,11 @@ the book these methods use).
   the next waiter leads (an early one is kept for its waiter, see
   ``Book.unclaimed``). One connection serves every waiter of the process (a
   blocked connection per waiter would not scale).
+- A lane full of background work asks a background holder for its slot when
+  urgent work queues (scripts/lib_yield.lua): the holder's id alone, on the
+  same channel. A holder busy with its call reads nothing, so while the
+  process holds slots and no waiter leads, the hub's *idle reader* thread
+  leads instead; a waiter that registers takes over from it at once.
 """
 
 from __future__ import annotations
@@ -28,12 +33,44 @@ from lanes.lane.base import UNAVAILABLE
 from lanes.lane.book import Waiter
 from lanes.lane.model import Generation
 from lanes.lane.wire import read_reply
+from lanes.priority import Priority
 
 log = logging.getLogger("lanes.lane")
+
+IDLE_CHECK_SECONDS = 0.2  # how often the idle reader looks whether it should lead
+IDLE_LEAD_SECONDS = 1.0   # and how long it leads before it looks again
 
 
 class DoorbellReader:
     """Leader/follower reading of the hub's pub/sub connection."""
+
+    def _init_idle_reader(self) -> None:
+        self._idle = Waiter(id="", priority=Priority.BACKGROUND)  # never named by a doorbell
+        self._idle_event = threading.Event()  # set: the idle reader stops leading
+        self._idle_wake = threading.Event()   # set: the idle reader looks again now
+
+    def _idle_loop(self) -> None:
+        """Lead the doorbell reading while the process holds slots and no
+        waiter does, so that an ask to yield reaches a holder busy with its
+        call. Blocked in ``poll`` while it leads: no cost but a thread."""
+        while not self.closed:
+            with self.lock:
+                # Cleared under the lock: a waiter registering after this
+                # look sets it again, and the lead below ends at once.
+                self._idle_event.clear()
+                self.book.settle()
+                wanted = not self.book.waiter_slot and any(slot.holders for slot in self.book.slots.values())
+            if wanted and self._pubsub is not None:
+                if self.lead(self._idle, self._idle_event, time.monotonic() + IDLE_LEAD_SECONDS):
+                    continue
+            self._idle_wake.wait(IDLE_CHECK_SECONDS)
+            self._idle_wake.clear()
+
+    def _stop_idle_reading(self) -> None:
+        """A waiter registered: it leads, not the idle reader (the caller holds the lock)."""
+        self._idle_event.set()
+        if self._leader is self._idle:
+            self._poke()
 
     def ring(self, waiter: Waiter, event: threading.Event) -> None:
         """Wake a waiting thread: its event, and the socket wait if it leads."""
@@ -166,8 +203,12 @@ class DoorbellReader:
         self._dispatch_data(message["data"])
 
     def _dispatch_data(self, data) -> None:
+        parts = (data.decode() if data.__class__ is bytes else data).split(" ")
+        if len(parts) == 1:
+            self._ask_yield(parts[0])
+            return
         try:
-            waiter_id, epoch, counter = (data.decode() if data.__class__ is bytes else data).split(" ")
+            waiter_id, epoch, counter = parts
             generation = Generation(int(epoch), int(counter))
         except ValueError:
             log.warning("ignored malformed doorbell message %r", data)
@@ -183,3 +224,10 @@ class DoorbellReader:
             return
         with self._cond:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
+
+    def _ask_yield(self, holder_id: str) -> None:
+        """An urgent waiter asks our holder ``holder_id`` for its slot."""
+        with self.lock:
+            permit = self.book.ask_yield(holder_id)
+        if permit is not None:
+            permit._ask_yield()

@@ -97,6 +97,7 @@ class SyncHub(DoorbellReader, Renewer):
         self._leader: Waiter | None = None
         self._leader_thread = 0
         self._read_buffer = bytearray(READ_SIZE)  # used by the leading thread only
+        self._init_idle_reader()
         self._pipe_r, self._pipe_w = os.pipe()
         os.set_blocking(self._pipe_r, False)
         os.set_blocking(self._pipe_w, False)
@@ -134,7 +135,8 @@ class SyncHub(DoorbellReader, Renewer):
                 pubsub.connection.register_connect_callback(self._on_reconnect)
             self._pubsub = pubsub
             self._warn_eviction()
-            threads = [threading.Thread(target=self._renew_loop, name="lanes-renewer", daemon=True)]
+            threads = [threading.Thread(target=self._renew_loop, name="lanes-renewer", daemon=True),
+                       threading.Thread(target=self._idle_loop, name="lanes-idle-reader", daemon=True)]
             for thread in threads:
                 thread.start()
             self._threads = threads
@@ -155,6 +157,8 @@ class SyncHub(DoorbellReader, Renewer):
             self.book.abandon("the lane's client was closed (Lane.close)")
             self._cond.notify_all()
         self._poke()  # a leading waiter stops reading now
+        self._idle_event.set()
+        self._idle_wake.set()
         for thread in self._threads:
             if thread is not threading.current_thread():
                 thread.join(timeout=3.0)
@@ -191,6 +195,7 @@ class SyncHub(DoorbellReader, Renewer):
     def add_waiter(self, lane, waiter: Waiter) -> None:
         with self.lock:
             self.book.add_waiter(lane, waiter)
+            self._stop_idle_reading()
             if self.book.new_slot:
                 self.book.new_slot = False
                 self._cond.notify_all()

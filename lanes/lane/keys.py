@@ -12,6 +12,7 @@ change of layout takes a new prefix instead of misreading old keys)::
     {prefix}:{<lane key>}:shares    hash  holders and waiters per priority and workflow, share cursors
     {prefix}:{<lane key>}:wfq       zset  every waiter again, in lex order by priority, workflow, arrival
     {prefix}:wake:<process token>   pub/sub channel (not a key) that wakes one process's waiters
+                                    and asks its background holders to yield (lib_yield.lua)
 
 The lane key (the caller's stable id, e.g. ``pool:42``) is the hash tag, so
 every key of one lane lives in one Redis Cluster slot and one script can touch

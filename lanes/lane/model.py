@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 from lanes.errors import LeaseLost
 from lanes.priority import Priority
+
+log = logging.getLogger("lanes.lane")
 
 
 class Generation(NamedTuple):
@@ -48,6 +51,13 @@ class Permit:
     (or renewals could not reach Redis for a whole lease): the holder must
     stop using the slot. The event is made on first use, so a short hold that
     never looks at it costs no event.
+
+    ``yield_asked`` is set when an urgent waiter asked this background
+    holder to give its slot back (scripts/lib_yield.lua): the slot is still
+    ours, but the holder should stop its work, release, and queue again with
+    ``acquire(..., resume=True)``. ``stopping`` is either of the two, and
+    :meth:`on_stop` runs a callback at that moment (e.g. to cut a backend
+    call short).
     """
 
     def __init__(self, lane: Any, *, holder_id: str, generation: Generation, priority: Priority,
@@ -66,6 +76,8 @@ class Permit:
         self._lease_until = lease_until
         self._released = False
         self._release_lock = threading.Lock()
+        self.yield_asked = False
+        self._stop_hooks: list[Callable[[], None]] | None = None
 
     @property
     def lane_key(self) -> str:
@@ -96,12 +108,51 @@ class Permit:
                 f"{self.lane_key!r} was lost: stop using the slot"
             )
 
+    @property
+    def stopping(self) -> bool:
+        """The holder must stop its work: the slot was lost or asked back."""
+        return self._lost or self.yield_asked
+
+    def on_stop(self, hook: Callable[[], None]) -> Callable[[], None]:
+        """Run ``hook`` (once, on the thread that learns it) when the slot is
+        lost or asked back; at once if it already was. Returns a function
+        that unregisters it."""
+        with _lost_lock:
+            stopped = self.stopping
+            if not stopped:
+                hooks = self._stop_hooks
+                if hooks is None:
+                    hooks = self._stop_hooks = []
+                hooks.append(hook)
+        if stopped:
+            _run_hook(hook)
+            return _nothing
+
+        def remove() -> None:
+            with _lost_lock:
+                if self._stop_hooks is not None and hook in self._stop_hooks:
+                    self._stop_hooks.remove(hook)
+        return remove
+
     def _mark_lost(self) -> None:
         with _lost_lock:
             self._lost = True
             event = self._lost_event
+            hooks, self._stop_hooks = self._stop_hooks, None
         if event is not None:
             event.set()
+        for hook in hooks or ():
+            _run_hook(hook)
+
+    def _ask_yield(self) -> None:
+        """An urgent waiter asked for this slot (the hub's yield listener)."""
+        with _lost_lock:
+            if self._released or self.yield_asked:
+                return
+            self.yield_asked = True
+            hooks, self._stop_hooks = self._stop_hooks, None
+        for hook in hooks or ():
+            _run_hook(hook)
 
     def _orphan(self) -> None:
         """In a forked child: this permit is the parent's (the parent renews
@@ -137,6 +188,17 @@ class Permit:
         state = "released" if self._released else ("lost" if self._lost else "held")
         return (f"Permit(lane={self.lane_key!r}, holder={self.holder_id!r}, "
                 f"generation={self.generation}, priority={self.priority.label}, {state})")
+
+
+def _run_hook(hook: Callable[[], None]) -> None:
+    try:
+        hook()
+    except Exception:  # a hook's fault must not stop the renewer or the listener
+        log.warning("a permit's stop hook failed", exc_info=True)
+
+
+def _nothing() -> None:
+    return None
 
 
 class AsyncPermit(Permit):

@@ -69,12 +69,10 @@ class Lane(LaneBase):
         return hub
 
     def _acquire_call(self, hub: SyncHub, waiter_id: str, priority: Priority, timeout_ms: int,
-                      try_only: bool, fresh: bool = False, previous: str = "", workflow: str = "") -> tuple:
-        """One acquire script call. ``fresh``: the first call with this id (the
-        script then skips its checks for a rejoining waiter); ``previous``: the
-        member of this id's earlier queue entry, if any."""
-        args = [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
-                "1" if try_only else "0", self.notify_flag, "1" if fresh else "0", previous, workflow]
+                      try_only: bool, fresh: bool = False, previous: str = "", workflow: str = "",
+                      resume: bool = False) -> tuple:
+        """One acquire script call (see ``acquire_args``)."""
+        args = self.acquire_args(waiter_id, priority, timeout_ms, try_only, fresh, previous, workflow, resume)
         parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)
@@ -113,13 +111,17 @@ class Lane(LaneBase):
         return self._permit(hub, holder_id, parsed[1], priority, sent_at, sent_at + self.lease_seconds, workflow)
 
     def acquire(self, priority: Priority | str | int, timeout: float | None, *,
-                cancel: threading.Event | None = None, workflow: str | None = None) -> Permit:
+                cancel: threading.Event | None = None, workflow: str | None = None,
+                resume: bool = False) -> Permit:
         """Wait for a slot: priority order; within a priority, each workflow
         with work gets its guaranteed share (README, "Shares"), and arrival
         order within a workflow.
 
         ``workflow`` names the caller's workflow (None: one anonymous
         workflow, which with no other workflow is plain arrival order).
+        ``resume=True`` is for a holder that gave its slot back because it
+        was asked to (``Permit.yield_asked``): it was served before every
+        waiter of its priority, so it queues ahead of them.
         ``timeout=None`` waits without limit. Raises :class:`AcquireTimeout`
         or :class:`AcquireCancelled` (the caller then holds nothing), or
         :class:`RedisUnavailable` when Redis does not answer in bounded time.
@@ -135,7 +137,8 @@ class Lane(LaneBase):
         # One round trip when a slot is free: nothing is registered with the
         # hub until the script says we wait (the hub keeps an early doorbell).
         try:
-            parsed = self._acquire_call(hub, waiter_id, priority, timeout_ms, False, True, workflow=workflow)
+            parsed = self._acquire_call(hub, waiter_id, priority, timeout_ms, False, True, workflow=workflow,
+                                        resume=resume)
         except BaseException:
             # The script may have queued us before the reply was lost: leave.
             try:

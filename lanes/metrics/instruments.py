@@ -22,7 +22,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from lanes.priority import Priority
 
 PRIORITIES = tuple(p.label for p in Priority)
-STATUS_CLASSES = ("2xx", "4xx", "5xx", "timeout", "error")
+STATUS_CLASSES = ("2xx", "4xx", "5xx", "timeout", "yielded", "error")
 DIRECTIONS = ("up", "down")
 # The reasons a routed task goes back to its queue (workers/app.py, workers/memory.py).
 RETRY_REASONS = ("candidates_exhausted", "redis_unavailable", "requeued", "duplicate_delivery", "shutdown",
@@ -107,9 +107,12 @@ def instruments() -> Instruments:
 
 
 def status_class(status: int | None, outcome: str) -> str:
-    """The bounded class of a backend call's end: 2xx/4xx/5xx, timeout, or error (no HTTP answer)."""
+    """The bounded class of a backend call's end: 2xx/4xx/5xx, timeout, yielded (its slot
+    given to urgent work), or error (no HTTP answer)."""
     if outcome in ("timeout", "abandoned"):
         return "timeout"
+    if outcome == "yielded":
+        return "yielded"
     if status is None and outcome == "served":
         return "2xx"
     for low, name in ((200, "2xx"), (400, "4xx"), (500, "5xx")):

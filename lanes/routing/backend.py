@@ -1,8 +1,11 @@
 """Calls to OpenAI-compatible backends over one pooled HTTP client per process.
 
 Chat completions are always streamed from the backend, so the time to first
-token is measured and a lost lease can stop the call between chunks; the
-caller gets the assembled answer.
+token is measured; the caller gets the assembled answer. A call made under a
+lane's permit stops when the permit does (its lease lost, or its slot asked
+back by urgent work): the connection is shut at that moment, so the backend
+sees the client leave and frees the slot at once, as vLLM aborts a request
+whose client disconnected.
 
 A call has two limits: ``first_token_timeout`` for the first token of a
 stream (or the whole answer of an embedding) and ``timeout`` for the whole
@@ -14,14 +17,25 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
+from typing import Callable, Protocol
 
 import httpx
 
 from lanes.catalog import ModelInfo
 from lanes.errors import BackendError, BackendOverloaded, BackendTimeout, LeaseLost
+
+class Abort(Protocol):
+    """What stops a call: a lane's :class:`~lanes.lane.Permit` is one."""
+
+    @property
+    def stopping(self) -> bool: ...
+
+    def on_stop(self, hook: Callable[[], None]) -> Callable[[], None]: ...
+
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
 TASK_HEADER = "x-lanes-task"
@@ -57,14 +71,14 @@ class BackendClient:
         *,
         timeout: float,
         first_token_timeout: float | None = None,
-        abort: threading.Event | None = None,
+        abort: Abort | None = None,
         task_id: str | None = None,
     ) -> BackendAnswer:
         """Call ``model`` with ``payload`` within ``timeout`` seconds, its first
         token (or embedding answer) within ``first_token_timeout`` (default: ``timeout``).
 
         Raises BackendOverloaded (429/503/529), BackendTimeout (a limit fired),
-        BackendError (anything else that failed) or LeaseLost (``abort`` was set
+        BackendError (anything else that failed) or LeaseLost (``abort`` stopped
         mid-call). The caller makes sure there is time left: a limit <= 0 is a
         caller's bug, not the backend's.
         """
@@ -109,40 +123,51 @@ class BackendClient:
 
     def _chat(self, model, payload, headers, limit, start, timeout, abort, progress) -> BackendAnswer:
         body = {**payload, "model": model.name, "stream": True}
+        with self._http.stream(
+            "POST", _url(model, "/chat/completions"), json=body, headers=headers, timeout=limit
+        ) as response:
+            unhook = _cut_on_stop(abort, response)
+            try:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for_status(model, response.status_code, response.text)
+                return self._read_stream(model, response, start, timeout, abort, progress)
+            except httpx.HTTPError:
+                if abort is not None and abort.stopping:
+                    raise _stopped(model) from None
+                raise
+            finally:
+                unhook()
+
+    def _read_stream(self, model, response, start, timeout, abort, progress) -> BackendAnswer:
         content: list[str] = []
         ttft = None
         chunks = 0
         finish_reason = None
         usage = None
-        with self._http.stream(
-            "POST", _url(model, "/chat/completions"), json=body, headers=headers, timeout=limit
-        ) as response:
-            if response.status_code >= 400:
-                response.read()
-                _raise_for_status(model, response.status_code, response.text)
-            for line in response.iter_lines():
-                if abort is not None and abort.is_set():
-                    raise LeaseLost(f"lease on {model.name}'s lane was lost mid-call; call aborted")
-                if time.monotonic() - start > timeout:
-                    raise BackendTimeout(f"{model.name} did not finish within {timeout:.1f}s", model.name,
-                                         phase="answer", limit_seconds=timeout)
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
-                    break
-                chunk = json.loads(data)
-                if "error" in chunk:
-                    raise _stream_error(model, chunk["error"])
-                chunks += 1
-                if ttft is None:
-                    ttft = progress.ttft = time.monotonic() - start
-                for choice in chunk.get("choices", []):
-                    delta = choice.get("delta") or {}
-                    if delta.get("content"):
-                        content.append(delta["content"])
-                    finish_reason = choice.get("finish_reason") or finish_reason
-                usage = chunk.get("usage") or usage
+        for line in response.iter_lines():
+            if abort is not None and abort.stopping:
+                raise _stopped(model)
+            if time.monotonic() - start > timeout:
+                raise BackendTimeout(f"{model.name} did not finish within {timeout:.1f}s", model.name,
+                                     phase="answer", limit_seconds=timeout)
+            if not line.startswith("data:"):
+                continue
+            data = line[5:].strip()
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise _stream_error(model, chunk["error"])
+            chunks += 1
+            if ttft is None:
+                ttft = progress.ttft = time.monotonic() - start
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta") or {}
+                if delta.get("content"):
+                    content.append(delta["content"])
+                finish_reason = choice.get("finish_reason") or finish_reason
+            usage = chunk.get("usage") or usage
         answer = {
             "model": model.name,
             "choices": [
@@ -156,6 +181,45 @@ class BackendClient:
         if usage:
             answer["usage"] = usage
         return BackendAnswer(model.name, answer, 200, time.monotonic() - start, ttft, chunks)
+
+
+def _stopped(model: ModelInfo) -> LeaseLost:
+    return LeaseLost(f"the slot on {model.name}'s lane was lost or asked back mid-call; call aborted")
+
+
+def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], None]:
+    """Shut the call's connection when ``abort`` stops (from the thread that
+    learns it): the reading thread's blocked read returns at once, and the
+    backend sees its client leave. Returns the function that disarms it,
+    called before the connection goes back to the pool."""
+    if abort is None:
+        return _nothing
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return _nothing  # the stop is then seen between chunks
+    guard = threading.Lock()
+    armed = [True]
+
+    def cut() -> None:
+        with guard:
+            if armed[0]:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass  # already closed
+
+    remove = abort.on_stop(cut)
+
+    def disarm() -> None:
+        remove()
+        with guard:
+            armed[0] = False
+    return disarm
+
+
+def _nothing() -> None:
+    return None
 
 
 class _Progress:

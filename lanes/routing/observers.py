@@ -32,7 +32,9 @@ class Attempt:
     model's first-token timeout), ``abandoned`` (no first token before the
     request's own time for this candidate ran out: the deadline minus the
     reserve kept for the candidates after it; our time, not the backend's
-    fault), ``lease_lost`` (our slot was lost mid-call), ``rejected`` (the
+    fault), ``lease_lost`` (our slot was lost mid-call), ``yielded`` (a
+    background call cut short because urgent work asked for its slot; the
+    request waits and calls again), ``rejected`` (the
     backend refused the request itself, e.g. a 400: not the backend's fault).
     ``status`` is the HTTP status when one arrived.
     ``generation`` is the pool controller generation the request was admitted

@@ -13,7 +13,11 @@ learns anything. Then, for each candidate, in the workflow's order:
 - holding the slot, claim the breaker (the half-open trial is taken only here,
   and given back on every path that does not call), then call the backend:
   its first token must come before the deadline minus the reserve, so a hung
-  backend leaves the next candidates their time.
+  backend leaves the next candidates their time;
+- a background call whose slot urgent work asked for (``Permit.yield_asked``,
+  :mod:`lanes.lane`) is cut short, its slot released to the urgent waiter,
+  and the request waits again on the same lane, ahead of the background work
+  that came after it (attempt outcome ``yielded``).
 
 Every wait and every call also fits in the walk's budget from delivery (below
 Celery's visibility timeout, :mod:`lanes.routing.budget`): a walk that cannot
@@ -72,6 +76,7 @@ class RequeueRequested(LaneSignal):
 
 
 SKIP = object()  # a candidate passed over or given up on: try the next one
+YIELDED = object()  # a background call gave its slot to urgent work: wait and call again
 
 # How a trace ends when the walk ends in an exception.
 OUTCOMES = {
@@ -199,15 +204,22 @@ class Walker:
         if not last and self.rt.breakers.state(model.name) == "open":
             self._bypass(trace, route, model, request, "breaker_open")
             return None
-        admitted = self._admit(route, model, request, last, budget, cancel, trace)
-        if admitted is SKIP:
-            return None
-        try:
-            return self._call(route, model, request, last, budget, admitted, trace)
-        finally:
-            self._release(admitted.permit, model)  # a no-op when _call released it already
+        resume = False
+        while True:
+            admitted = self._admit(route, model, request, last, budget, cancel, trace, resume)
+            if admitted is SKIP:
+                return None
+            try:
+                answer = self._call(route, model, request, last, budget, admitted, trace)
+            finally:
+                self._release(admitted.permit, model)  # a no-op when _call released it already
+            if answer is not YIELDED:
+                return answer
+            # Our background call gave its slot to urgent work: wait again,
+            # ahead of the background work that came after us.
+            resume = True
 
-    def _admit(self, route, model, request, last, budget: WalkBudget, cancel, trace):
+    def _admit(self, route, model, request, last, budget: WalkBudget, cancel, trace, resume: bool = False):
         """An :class:`_Admission` on the model's lane, or SKIP."""
         rt = self.rt
         pool = model.pool
@@ -225,12 +237,12 @@ class Walker:
         # The workflow's name: its guaranteed share within the priority (lanes/lane/lib_share.lua).
         permit = lane.try_acquire(request.priority, workflow=request.workflow)
         if permit is None:
-            permit = self._wait(route, model, request, last, budget, lane, now, wait_room, cancel, trace)
+            permit = self._wait(route, model, request, last, budget, lane, now, wait_room, cancel, trace, resume)
             if permit is SKIP:
                 return SKIP
         return _Admission(permit, self._generation(pool, permit, model))
 
-    def _wait(self, route, model, request, last, budget, lane, now, wait_room, cancel, trace):
+    def _wait(self, route, model, request, last, budget, lane, now, wait_room, cancel, trace, resume=False):
         reserve = 0.0 if last else route.reserve_seconds
         admission = budget.admission_budget(now, reserve)
         if not last and admission is not None:
@@ -249,7 +261,8 @@ class Walker:
         try:
             if wait_limit <= 0:
                 raise AcquireTimeout("no time left to wait")
-            return lane.acquire(request.priority, timeout=wait_limit, cancel=cancel, workflow=request.workflow)
+            return lane.acquire(request.priority, timeout=wait_limit, cancel=cancel, workflow=request.workflow,
+                                resume=resume)
         except AcquireCancelled:
             self._wait_ended(route, model, request, "cancelled", time.monotonic() - started)
             raise
@@ -309,11 +322,18 @@ class Walker:
         error: BackendError | None = None
         try:
             answer = rt.backend.call(model, request.payload, timeout=limits.total,
-                                     first_token_timeout=limits.first_token,
-                                     abort=permit.lost if permit is not None else None,
+                                     first_token_timeout=limits.first_token, abort=permit,
                                      task_id=request.task_id)
         except LeaseLost as exc:
-            attempt = Attempt(outcome="lease_lost", reason=str(exc), call_seconds=time.monotonic() - started, **report)
+            if permit is not None and permit.yield_asked:
+                # Asked back by urgent work: not an outcome of the backend
+                # (nor of the failover share); the walk waits and calls again.
+                report["share_generation"] = None
+                attempt = Attempt(outcome="yielded", reason="the slot was asked back by urgent work",
+                                  call_seconds=time.monotonic() - started, **report)
+            else:
+                attempt = Attempt(outcome="lease_lost", reason=str(exc), call_seconds=time.monotonic() - started,
+                                  **report)
         except BackendTimeout as exc:
             # The model's own limit fired: the backend's fault. Our cap fired
             # (the time kept for the next candidates): the call is abandoned,
@@ -338,6 +358,9 @@ class Walker:
         notify_attempt([*rt.observers, trace], attempt)
         if attempt.outcome == "served":
             return answer.body
+        if attempt.outcome == "yielded":
+            self.called.remove(model.name)  # it answered nothing: a requeue may call it again
+            return YIELDED
         if attempt.outcome == "rejected":
             raise error
         return None

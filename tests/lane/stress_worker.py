@@ -29,9 +29,10 @@ class RecordingLane(Lane):
 
     local = threading.local()
 
-    def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False, previous="", workflow=""):
+    def _acquire_call(self, hub, waiter_id, priority, timeout_ms, try_only, fresh=False, previous="", workflow="",
+                      resume=False):
         parsed = super()._acquire_call(hub, waiter_id, priority, timeout_ms, try_only, fresh, previous,
-                                       workflow=workflow)
+                                       workflow=workflow, resume=resume)
         if parsed[0] == "queued":
             self.local.queued_at = time.monotonic_ns()
         return parsed

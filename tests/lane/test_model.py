@@ -10,6 +10,9 @@ doorbells are read from a subscribed channel), so every interleaving of
 acquire / release / cancel / timeout / resize / expiry is explored without
 threads. Leases are long (60 s) so nothing expires unless a rule says so;
 "expiry" moves a holder's lease deadline into the past, as a crash would.
+An urgent waiter queued on a full lane asks background holders to yield
+(lib_yield.lua): the model names which, newest grant first, one per urgent
+waiter not yet covered by an ask, and the asks heard must be exactly those.
 """
 
 from __future__ import annotations
@@ -51,6 +54,26 @@ class Model:
         self.arrivals = itertools.count()
         self.owed_cursor: dict[int, str] = {}
         self.lend_cursor: dict[int, str] = {}
+        self.grants = itertools.count()
+        self.granted: dict[str, int] = {}  # holder id -> grant order (the script's counter order)
+        self.asked: set[str] = set()       # background holders asked to yield
+
+    def hold(self, wid: str, priority: int, workflow: str) -> None:
+        self.holders[wid] = (priority, workflow)
+        self.granted[wid] = next(self.grants)
+
+    def unhold(self, wid: str) -> None:
+        self.holders.pop(wid, None)
+        self.asked.discard(wid)
+
+    def ask_yields(self) -> list[str]:
+        urgent = sum(1 for entry in self.queue if entry[0] < 2)
+        background = [wid for wid, (prio, _) in self.holders.items() if prio == 2]
+        want = urgent - sum(1 for wid in background if wid in self.asked)
+        free = sorted((wid for wid in background if wid not in self.asked), key=lambda wid: -self.granted[wid])
+        asked = free[:max(0, want)]
+        self.asked.update(asked)
+        return asked
 
     def workflow_of(self, wid: str) -> str:
         if wid in self.holders:
@@ -82,19 +105,19 @@ class Model:
         while len(self.holders) < self.width and self.queue:
             entry = self.next_waiter()
             self.queue.remove(entry)
-            self.holders[entry[2]] = (entry[0], entry[3])
+            self.hold(entry[2], entry[0], entry[3])
             granted.append(entry[2])
         return granted
 
-    def acquire(self, wid: str, priority: int, workflow: str) -> str:
+    def acquire(self, wid: str, priority: int, workflow: str) -> tuple[str, list[str]]:
         if len(self.holders) < self.width and not self.queue:
-            self.holders[wid] = (priority, workflow)
-            return "granted"
+            self.hold(wid, priority, workflow)
+            return "granted", []
         self.queue.append((priority, next(self.arrivals), wid, workflow))
-        return "queued"
+        return "queued", self.ask_yields() if priority < 2 else []
 
     def release(self, wid: str) -> list[str]:
-        self.holders.pop(wid, None)
+        self.unhold(wid)
         return self.fill()
 
     def leave(self, wid: str) -> tuple[str, list[str]]:
@@ -103,7 +126,7 @@ class Model:
                 self.queue.remove(entry)
                 return "left", []
         if wid in self.holders:
-            del self.holders[wid]
+            self.unhold(wid)
             return "returned", self.fill()
         return "gone", []
 
@@ -142,9 +165,11 @@ class LaneMachine(RuleBasedStateMachine):
     def run(self, name, args):
         return self.scripts[name](keys=self.keys, args=[*args, ""])  # run '' = unknown (lib_base.lua)
 
-    def doorbells(self) -> list[str]:
+    def doorbells(self, asks: list | None = None) -> list[str]:
         # Doorbells published by a script are delivered before a message
         # published after it: read up to our own sentinel, no sleeping.
+        # An ask to yield is a holder id alone: collected in ``asks``, and
+        # allowed only where the caller expects asks.
         self.client.publish(CHANNEL, "end")
         rung = []
         while True:
@@ -153,7 +178,12 @@ class LaneMachine(RuleBasedStateMachine):
             if message["type"] == "message":
                 if message["data"] == "end":
                     return rung
-                wid, epoch, counter = message["data"].split(" ")
+                parts = message["data"].split(" ")
+                if len(parts) == 1:
+                    assert asks is not None, f"an ask to yield {parts[0]} where none was due"
+                    asks.append(parts[0])
+                    continue
+                wid, epoch, counter = parts
                 self.note_generation(wid, int(epoch), int(counter))
                 rung.append(wid)
 
@@ -168,10 +198,14 @@ class LaneMachine(RuleBasedStateMachine):
         # "model.<n>": the scripts wake ids of token "model" on CHANNEL.
         wid = f"model.{next(self.ids)}"
         reply = self.run("acquire", [wid, priority, -1, LEASE_MS, "", "0", "0", "1", "", workflow])
-        expected = self.model.acquire(wid, priority, workflow)
+        expected, asks = self.model.acquire(wid, priority, workflow)
         assert reply[0] == expected
         if expected == "granted":
             self.note_generation(wid, int(reply[1]), int(reply[2]))
+        heard: list[str] = []
+        assert self.doorbells(heard) == []
+        assert heard == asks, "urgent work asks the newest background holders, one per urgent waiter"
+
 
     @rule(priority=st.integers(min_value=0, max_value=1), workflow=st.sampled_from(WORKFLOWS),
           count=st.integers(min_value=2, max_value=4))
@@ -226,7 +260,7 @@ class LaneMachine(RuleBasedStateMachine):
         wid = data.draw(st.sampled_from(sorted(self.model.holders)))
         self.client.zadd(self.keys[1], {wid: 1})
         reply = self.run("renew", [LEASE_MS, ""])
-        del self.model.holders[wid]
+        self.model.unhold(wid)
         assert self.doorbells() == self.model.fill()
         assert reply[0] == str(self.last_generation[0])
 
@@ -263,6 +297,8 @@ class LaneMachine(RuleBasedStateMachine):
         assert queue == [member(e[2], e[3]) for e in sorted(self.model.queue)]
         books = {k: int(v) for k, v in self.client.hgetall(self.keys[0]).items() if k.startswith("h:") and int(v)}
         assert books == self.model.books(), "meta counts every holder by priority and workflow"
+        marks = {k[2:] for k in self.client.hkeys(self.keys[0]) if k.startswith("y:")}
+        assert marks == self.model.asked, "a holder asked to yield is marked until it goes"
         # Once a second workflow has queued, every waiter has its workflow queue entry; before, none.
         multi = self.client.hget(self.keys[0], "multi") == "1"
         assert self.client.zcard(self.keys[7]) == (len(queue) if multi else 0)

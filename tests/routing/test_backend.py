@@ -6,10 +6,12 @@ from contextlib import contextmanager
 
 import pytest
 
-from lanes import BackendError, BackendOverloaded, LeaseLost
+from lanes import BackendError, BackendOverloaded, Lane, LeaseLost, Priority
 from lanes.catalog import ModelInfo
+from lanes.lane.hub import close_hubs
 from lanes.routing.backend import BackendClient
 from lanes.sim import SimModel, Simulator
+from tests.polling import eventually
 
 
 @pytest.fixture(scope="module")
@@ -17,6 +19,7 @@ def sim():
     models = [
         SimModel(name="chat", capacity=4, ttft_ms=20.0, per_token_ms=30.0, tokens=20),
         SimModel(name="fast", capacity=4, service_ms=5.0),
+        SimModel(name="slow", capacity=4, service_ms=5000.0),
         SimModel(name="emb", capacity=4, kind="embedding", embedding_ms=5.0),
     ]
     with Simulator(models, port=0) as server:
@@ -79,19 +82,67 @@ def test_an_unreachable_backend_is_a_backend_error():
     backend.close()
 
 
-def test_a_lost_lease_aborts_the_call_and_frees_the_backend(sim, client):
-    sim.reset()
-    lost = threading.Event()
-    threading.Timer(0.15, lost.set).start()
-    with pytest.raises(LeaseLost):
-        client.call(model(sim, "chat"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10, abort=lost)
-    # The stream was closed mid-answer: the backend counts the request cancelled.
-    import time
+class Stop:
+    """A caller's own stop signal: the Abort protocol a lane's Permit implements."""
 
-    deadline = time.monotonic() + 5
-    while sim.stats()["chat"]["cancelled"] == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert sim.stats()["chat"]["cancelled"] == 1 and sim.stats()["chat"]["served"] == 0
+    def __init__(self) -> None:
+        self.stopping = False
+        self._hooks: list = []
+        self._lock = threading.Lock()
+
+    def on_stop(self, hook):
+        with self._lock:
+            if not self.stopping:
+                self._hooks.append(hook)
+                return lambda: self._hooks.remove(hook) if hook in self._hooks else None
+        hook()
+        return lambda: None
+
+    def stop(self) -> None:
+        with self._lock:
+            self.stopping = True
+            hooks, self._hooks = self._hooks, []
+        for hook in hooks:
+            hook()
+
+
+def wait_cancelled(sim, name: str) -> dict:
+    return eventually(lambda: sim.stats()[name]["cancelled"] and sim.stats()[name], what="the backend's cancel")
+
+
+@pytest.mark.parametrize("name", ["chat", "slow"], ids=["mid-stream", "silent-backend"])
+def test_a_stop_aborts_the_call_at_once_and_frees_the_backend(sim, client, name):
+    # "slow" sends nothing for 5 s: only the connection's cut can end it
+    # before the backend finishes (it would then count it served).
+    sim.reset()
+    stop = Stop()
+    threading.Timer(0.15, stop.stop).start()
+    with pytest.raises(LeaseLost):
+        client.call(model(sim, name), {"messages": [{"role": "user", "content": "x"}]}, timeout=10, abort=stop)
+    stats = wait_cancelled(sim, name)
+    assert stats["cancelled"] == 1 and stats["served"] == 0
+    # The cut connection is not reused: the next call is served.
+    assert client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10).status == 200
+
+
+def test_a_background_call_asked_back_by_urgent_work_ends_at_once(sim, client, redis_client):
+    sim.reset()
+    lane = Lane(redis_client, "pool:backend-yield", width=1, lease_seconds=5.0)
+    lane.provision()
+    try:
+        permit = lane.acquire(Priority.BACKGROUND, 1.0)
+        urgent: dict = {}
+        threading.Timer(0.15, lambda: urgent.setdefault("permit", lane.acquire(Priority.INTERACTIVE, 10.0))).start()
+        with pytest.raises(LeaseLost):
+            client.call(model(sim, "slow"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10,
+                        abort=permit)
+        assert permit.yield_asked
+        stats = wait_cancelled(sim, "slow")
+        assert stats["cancelled"] == 1 and stats["served"] == 0
+        assert permit.release()
+        eventually(lambda: urgent.get("permit"), what="the urgent grant").release()
+    finally:
+        close_hubs(redis_client)
 
 
 @contextmanager

@@ -120,3 +120,34 @@ def test_interactive_requests_up_to_the_width_go_ahead_of_parked_background_work
     first_background = min(admitted_at(r) for r in background)
     assert last_urgent < first_background
     assert backend(dep)["max_in_flight"] == width
+
+
+@pytest.mark.parametrize("width", [1, 2])
+def test_an_interactive_request_on_a_full_background_lane_takes_a_background_slot(make_fleet, width):
+    dep = make_fleet(width)
+    # Background calls hold every slot (the backend holds them), more park behind.
+    background = [dep.client.submit("memory", CHAT) for _ in range(3 * width)]
+    eventually(lambda: backend(dep)["in_flight"] == width and parked(dep, Priority.BACKGROUND) >= width,
+               timeout=30, interval=0.05, what="background calls held and background waiters")
+    urgent = dep.client.submit("dialog", CHAT)
+    # The newest background call is cut short (the backend sees its client
+    # leave) and its slot goes to the interactive request: the backend holds
+    # the width again, and nothing interactive is left waiting in the lane.
+    eventually(lambda: backend(dep)["cancelled"] == 1 and backend(dep)["in_flight"] == width
+               and parked(dep, Priority.INTERACTIVE) == 0, timeout=30, interval=0.05,
+               what="one background call given up for the interactive one")
+    assert backend(dep)["max_in_flight"] == width  # the slot changed hands, never doubled
+    # One call at a time from here, so the lane's grants are apart in time
+    # and the admission times below keep the lane's order.
+    dep.sim.configure("m", capacity=1)
+    assert urgent.get(timeout=60)["model"] == "m"
+    reports = [result.get(timeout=60) for result in background]
+    assert all(report["model"] == "m" for report in reports)
+    assert backend(dep)["served"] == len(background) + 1 and backend(dep)["max_in_flight"] == width
+    yielded = [index for index, report in enumerate(reports)
+               if any(step["action"] == "yielded" for step in report["trace"]["steps"])]
+    assert len(yielded) == 1
+    # It waited again ahead of the background work parked behind it: only
+    # the holders it was admitted with can come before it.
+    order = sorted(range(len(background)), key=lambda index: admitted_at(background[index]))
+    assert order.index(yielded[0]) <= width - 1

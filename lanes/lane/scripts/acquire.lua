@@ -8,7 +8,9 @@
 -- ARGV[6] try_only     1 = never queue
 -- ARGV[7] notify       1 = drop this waiter if a grant finds nobody listening
 -- ARGV[8] fresh        1 = first call with this id (its previous entry is not
---                      looked for); 0 = a rejoin
+--                      looked for); 0 = a rejoin; 2 = a first call by a
+--                      holder that yielded its slot (lib_yield.lua): it
+--                      queues ahead of every waiter of its priority
 -- ARGV[9] previous     0 only: the member of this id's earlier queue entry
 --                      ('' = none), removed so a rejoin makes no second entry
 -- ARGV[10] workflow    the caller's workflow ('' = the anonymous one): its
@@ -71,7 +73,7 @@ if ARGV[8] == '1' then
   end
 end
 
---! include reap handoff
+--! include reap handoff yield
 local st = load_state(now, ARGV[5], lease_ms)
 if not st then return {'nostate'} end
 reap_due(st, now)
@@ -109,13 +111,26 @@ if now >= st.quiet_until and queued == 0 and st.inflight < st.width then
 end
 if ARGV[6] == '1' then return {'busy', fmt(st.epoch)} end
 
--- The enqueue stamp: microseconds since the epoch, past the last one.
+-- The enqueue stamp: microseconds since the epoch, past the last one; for a
+-- holder that yielded, just before the first waiter of its priority (it was
+-- served before all of them), and then meta seq stays.
 local seq = us - st.epoch * 1000
-local last = tonumber(redis.call('HGET', K_META, 'seq')) or 0
-if seq <= last then seq = last + 1 end
-redis.call('HSET', K_META, 'seq', fmt(seq))
+local first = {}
+if ARGV[8] == '2' then
+  first = redis.call('ZRANGEBYSCORE', K_QUEUE, fmt(prio * PRIO_SPAN), '(' .. fmt((prio + 1) * PRIO_SPAN),
+    'WITHSCORES', 'LIMIT', 0, 1)
+end
+if #first == 2 and tonumber(first[2]) % PRIO_SPAN > 1 then
+  seq = tonumber(first[2]) % PRIO_SPAN - 1
+else
+  local last = tonumber(redis.call('HGET', K_META, 'seq')) or 0
+  if seq <= last then seq = last + 1 end
+  redis.call('HSET', K_META, 'seq', fmt(seq))
+end
 local wexp = now + lease_ms
 if timeout_ms >= 0 and now + timeout_ms < wexp then wexp = now + timeout_ms end
 queue_add(st, member, prio, seq, wexp)
 lower_reap_at(st, wexp)
+-- An urgent caller queued on a full lane: background holders give way.
+if prio < 2 and now >= st.quiet_until then ask_yields() end
 return {'queued', fmt(st.epoch), next_event(st, now)}

@@ -18,7 +18,9 @@
 --                          in meta so the hot paths read and write it with
 --                          the rest), wf1 (the first workflow that queued),
 --                          multi ('1' once another workflow queued too:
---                          from then on every waiter is also in wfq)
+--                          from then on every waiter is also in wfq),
+--                          y:<id> (background holder id was asked to
+--                          yield its slot, lib_yield.lua), yields (asked)
 --   KEYS[2] holders  zset  holder id -> lease deadline (ms, Redis server time)
 --   KEYS[3] hinfo    hash  holder id -> "epoch:counter:granted_ms:priority"
 --   KEYS[4] queue    zset  waiter -> priority * PRIO_SPAN + seq (class, then arrival)
@@ -41,7 +43,8 @@
 -- previous one when two arrive in the same microsecond: it orders arrivals
 -- and dates them (the admission wait of a grant is now - seq).
 -- A waiter with id "<token>.<n>" is woken on "<prefix>:wake:<token>", its
--- process's channel (keys.py wake_channel).
+-- process's channel (keys.py wake_channel), where a holder asked to yield
+-- hears it too (lib_yield.lua).
 --
 -- Grants counted = counter - returned (a grant taken back, e.g. by a waiter
 -- that left in the same instant, bumps 'returned'), so a grant writes one

@@ -55,6 +55,7 @@ local function unhold(st, id, now, info, released)
     end
   end
   redis.call('HDEL', K_HINFO, id)
+  redis.call('HDEL', K_META, 'y:' .. id)   -- its yield mark, if any (lib_yield.lua)
   if info and released then
     local _, _, granted = parse_hinfo(info)
     local hold = now - granted

@@ -16,10 +16,12 @@ local function load_state(now, width_arg, lease_ms)
     -- holders re-register, exactly as after a loss. Width and statistics stay.
     redis.call('DEL', K_HOLDERS, K_HINFO, K_QUEUE, K_WEXP, K_SHARES, K_WFQ)
     -- The holder counts per priority and workflow (meta h:<prio>:<wf>,
-    -- lib_hold.lua) go with the holders they count.
+    -- lib_hold.lua) and the yield marks (y:<id>, lib_yield.lua) go with
+    -- the holders they are about.
     local fields = redis.call('HKEYS', K_META)
     for i = 1, #fields do
-      if string.sub(fields[i], 1, 2) == 'h:' then redis.call('HDEL', K_META, fields[i]) end
+      local head = string.sub(fields[i], 1, 2)
+      if head == 'h:' or head == 'y:' then redis.call('HDEL', K_META, fields[i]) end
     end
     local epoch = math.max(now, tonumber(m[2]) + 1)
     local quiet = now + lease_ms

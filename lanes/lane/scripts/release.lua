@@ -18,7 +18,7 @@ local epoch, counter, granted, hprio, hwf
 if info then epoch, counter, granted, hprio, hwf = string.match(info, '^(%d+):(%d+):(%d+):(%d+):?(.*)$') end
 local hfield = info and ('h:' .. hprio .. ':' .. hwf) or 'h:'
 local m = redis.call('HMGET', K_META, 'epoch', 'reap_at', 'hold_ewma_ms', 'width', 'counter', 'inflight',
-  'run', hfield, 'multi')
+  'run', hfield, 'multi', 'y:' .. id)
 local multi = m[9] == '1'   -- waiters are in wfq (lib_queue.lua queue_add)
 if not m[1] then return {0, 0} end   -- state lost: nothing of ours is recorded
 -- A state another server process wrote (RUN, lib_base.lua) is untrusted: the
@@ -36,6 +36,7 @@ if info and not stale and epoch == ARGV[2] and counter == ARGV[3] then
     held = held - 1
   end
   redis.call('HDEL', K_HINFO, id)
+  if m[10] then redis.call('HDEL', K_META, 'y:' .. id) end   -- asked to yield (lib_yield.lua)
   local hold = now - tonumber(granted)
   ewma = tonumber(m[3])
   if ewma == nil then ewma = hold else ewma = ewma + EWMA_ALPHA * (hold - ewma) end

@@ -1,0 +1,52 @@
+-- lib_yield.lua: preemption of background holders by urgent waiters.
+--
+-- A lane that is full when an urgent caller (interactive or user tool)
+-- queues would admit it only at the next release, up to a whole background
+-- call later. Instead the lane asks background holders to give their slots
+-- back, one per urgent waiter: it marks the holder (meta y:<id>) and
+-- publishes its id alone on its process's wake channel (a grant there is
+-- "<id> <epoch> <counter>"; lanes/lane/doorbell.py). The holder aborts its
+-- call and releases; the release hands the slot to the head waiter, the
+-- urgent one, so the lane never holds more than its width. The holder then
+-- queues again at the head of its priority (acquire.lua, fresh '2').
+-- A mark goes with its holder (release.lua, lib_hold.lua unhold).
+--! include queue
+
+local YIELD_SCAN = 256            -- holder entries looked at per call (bounded work)
+
+-- Ask as many background holders to yield as urgent waiters wait beyond
+-- those already asked: the most recently granted first (the least work
+-- lost; the highest counter, as every holder is of the current epoch).
+-- Returns how many were asked now.
+local function ask_yields()
+  local urgent = redis.call('ZCOUNT', K_QUEUE, '-inf', '(' .. fmt(2 * PRIO_SPAN))
+  if urgent == 0 then return 0 end
+  local flat = redis.call('HSCAN', K_HINFO, 0, 'COUNT', YIELD_SCAN)[2]
+  local ids, counters, fields = {}, {}, {}
+  for i = 1, #flat, 2 do
+    local counter, prio = string.match(flat[i + 1], '^%d+:(%d+):%d+:(%d+)')
+    if prio == '2' then
+      ids[#ids + 1] = flat[i]
+      counters[#counters + 1] = tonumber(counter)
+      fields[#fields + 1] = 'y:' .. flat[i]
+    end
+  end
+  if #ids == 0 then return 0 end
+  local marks = redis.call('HMGET', K_META, unpack(fields))
+  local free = {}
+  local want = urgent
+  for i = 1, #ids do
+    if marks[i] then want = want - 1 else free[#free + 1] = i end
+  end
+  if want <= 0 or #free == 0 then return 0 end
+  table.sort(free, function(a, b) return counters[a] > counters[b] end)
+  local asked = 0
+  for j = 1, math.min(want, #free) do
+    local id = ids[free[j]]
+    redis.call('HSET', K_META, 'y:' .. id, '1')
+    redis.call('PUBLISH', channel_of(id), id)
+    asked = asked + 1
+  end
+  if asked > 0 then redis.call('HINCRBY', K_META, 'yields', asked) end
+  return asked
+end
