@@ -265,11 +265,12 @@ class AsyncLane(LaneBase):
         hub.replan()
         return permit
 
-    async def try_acquire(self, priority, *, workflow: str | None = None) -> AsyncPermit | None:
+    async def try_acquire(self, priority, *, workflow: str | None = None,
+                          resume: bool = False) -> AsyncPermit | None:
         priority = self._priority(priority)
         workflow = self.workflow_name(workflow)
         hub = await self._start_hub()
-        holder_id = new_id(hub.token)
+        holder_id = new_id(hub.token, resume)
         sent_at = time.monotonic()
         try:
             parsed = await self._acquire_call(hub, holder_id, priority, 0, True, True, workflow=workflow)
@@ -296,7 +297,7 @@ class AsyncLane(LaneBase):
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
         hub = await self._start_hub()
         started = time.monotonic()
-        waiter_id = new_id(hub.token)
+        waiter_id = new_id(hub.token, resume)
         waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms, workflow),
                         workflow=workflow, renewed_at=started)
         # One round trip when a slot is free: the waiter is registered with the

@@ -42,9 +42,16 @@ def _new_ids_after_fork() -> None:
 os.register_at_fork(after_in_child=_new_ids_after_fork)
 
 
-def new_id(token: str) -> str:
-    """A holder/waiter id unique across processes: the hub's token + a counter."""
-    return f"{token}.{next(_ids)}"
+# The id suffix of an acquisition by a holder that already gave its slot
+# back once (lib_yield.lua never asks it again, so a background call is cut
+# at most once per admission, not once per urgent arrival).
+YIELDED_ONCE = "y"
+
+
+def new_id(token: str, resume: bool = False) -> str:
+    """A holder/waiter id unique across processes: the hub's token + a counter
+    (+ ``YIELDED_ONCE`` for a holder resuming after a yield)."""
+    return f"{token}.{next(_ids)}{YIELDED_ONCE if resume else ''}"
 
 
 def new_token() -> str:

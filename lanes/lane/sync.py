@@ -88,13 +88,14 @@ class Lane(LaneBase):
 
     # --- acquire / release ----------------------------------------------------------
 
-    def try_acquire(self, priority: Priority | str | int, *, workflow: str | None = None) -> Permit | None:
+    def try_acquire(self, priority: Priority | str | int, *, workflow: str | None = None,
+                    resume: bool = False) -> Permit | None:
         """A permit if a slot is free and nobody waits, else None. Never queues.
-        ``workflow``: see :meth:`acquire`."""
+        ``workflow`` and ``resume``: see :meth:`acquire`."""
         priority = self._priority(priority)
         workflow = self.workflow_name(workflow)
         hub = self._start_hub()
-        holder_id = new_id(hub.token)
+        holder_id = new_id(hub.token, resume)
         sent_at = time.monotonic()
         try:
             parsed = self._acquire_call(hub, holder_id, priority, 0, True, True, workflow=workflow)
@@ -121,7 +122,9 @@ class Lane(LaneBase):
         workflow, which with no other workflow is plain arrival order).
         ``resume=True`` is for a holder that gave its slot back because it
         was asked to (``Permit.yield_asked``): it was served before every
-        waiter of its priority, so it queues ahead of them.
+        waiter of its priority, so it queues ahead of them; and it is not
+        asked to yield again (one cut call per admission, however many urgent
+        callers come).
         ``timeout=None`` waits without limit. Raises :class:`AcquireTimeout`
         or :class:`AcquireCancelled` (the caller then holds nothing), or
         :class:`RedisUnavailable` when Redis does not answer in bounded time.
@@ -133,7 +136,7 @@ class Lane(LaneBase):
             raise AcquireCancelled(f"acquire on lane {self.key!r} cancelled before it started")
         hub = self._start_hub()
         started = time.monotonic()
-        waiter_id = new_id(hub.token)
+        waiter_id = new_id(hub.token, resume)
         # One round trip when a slot is free: nothing is registered with the
         # hub until the script says we wait (the hub keeps an early doorbell).
         try:

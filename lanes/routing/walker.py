@@ -235,7 +235,7 @@ class Walker:
         lane = rt.lane(pool)
         # A free slot costs no waiting: take it whatever the budget.
         # The workflow's name: its guaranteed share within the priority (lanes/lane/lib_share.lua).
-        permit = lane.try_acquire(request.priority, workflow=request.workflow)
+        permit = lane.try_acquire(request.priority, workflow=request.workflow, resume=resume)
         if permit is None:
             permit = self._wait(route, model, request, last, budget, lane, now, wait_room, cancel, trace, resume)
             if permit is SKIP:

@@ -29,7 +29,7 @@ from typing import Any
 from lanes.errors import InvalidInput
 from lanes.sim import openai
 from lanes.sim.engine import FINISHED, SimRequest
-from lanes.sim.fleet import TASK_HEADER, Fleet
+from lanes.sim.fleet import TASK_HEADER, Call, Fleet
 from lanes.sim.metrics import CONTENT_TYPE, Scrape, exposition
 from lanes.sim.served import Rejected, ServedModel, Ticket
 
@@ -178,12 +178,12 @@ class SimApp:
         try:
             if method == "POST" and path == "/v1/chat/completions":
                 body = parse_json(await read_body(receive))
-                self.fleet.record_call(body.get("model"), _task_of(scope))
-                await self.chat(receive, send, body)
+                call = self.fleet.record_call(body.get("model"), _task_of(scope))
+                await self.chat(receive, send, body, call)
             elif method == "POST" and path == "/v1/embeddings":
                 body = parse_json(await read_body(receive))
-                self.fleet.record_call(body.get("model"), _task_of(scope))
-                await self.embeddings(receive, send, body)
+                call = self.fleet.record_call(body.get("model"), _task_of(scope))
+                await self.embeddings(receive, send, body, call)
             elif method == "GET" and path == "/v1/models":
                 await send_json(send, 200, openai.models_list(sorted(self.models())))
             elif method == "GET" and path == "/metrics":
@@ -217,7 +217,7 @@ class SimApp:
 
     # --- chat ------------------------------------------------------------------
 
-    async def chat(self, receive, send, body: dict[str, Any]) -> None:
+    async def chat(self, receive, send, body: dict[str, Any], call: Call | None = None) -> None:
         served = self.engine_for(body, "chat")
         stream = bool(body.get("stream"))
         max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
@@ -228,6 +228,8 @@ class SimApp:
         script = openai.scripted_answer(body.get("messages"))
 
         ticket = served.arrive()
+        if call is not None:
+            call.ticket = ticket
         try:
             async with cancel_on_disconnect(receive):
                 request = await self.admit(served, ticket, send, prompt, max_tokens, SSE_HEADERS if stream else None)
@@ -311,12 +313,14 @@ class SimApp:
 
     # --- embeddings ----------------------------------------------------------------
 
-    async def embeddings(self, receive, send, body: dict[str, Any]) -> None:
+    async def embeddings(self, receive, send, body: dict[str, Any], call: Call | None = None) -> None:
         served = self.engine_for(body, "embedding")
         texts = openai.embedding_inputs(body.get("input"))
         if texts is None:
             raise BadRequest(400, "field 'input' must be a string or a non-empty list of strings or token lists")
         ticket = served.arrive()
+        if call is not None:
+            call.ticket = ticket
         try:
             async with cancel_on_disconnect(receive):
                 prompt = sum(len(t.split()) for t in texts)
@@ -364,7 +368,7 @@ class SimApp:
             if method == "GET" and path == "/admin/stats":
                 await send_json(send, 200, self.fleet.stats())
             elif method == "GET" and path == "/admin/calls":
-                await send_json(send, 200, [{"model": m, "task_id": t} for m, t in self.fleet.calls])
+                await send_json(send, 200, self.fleet.call_records())
             elif method == "POST" and path == "/admin/reset":
                 options = parse_json(await read_body(receive), required=False)
                 self.fleet.reset(config=bool(options.get("config")))

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from typing import Any, Iterable
 
 from lanes.errors import InvalidInput
-from lanes.sim.served import Device, ServedModel
+from lanes.sim.served import Device, ServedModel, Ticket
 from lanes.sim.model import SimModel
 
 
@@ -16,11 +17,27 @@ TASK_HEADER = b"x-lanes-task"
 CALL_RECORD_LIMIT = 100_000
 
 
+@dataclass
+class Call:
+    """One inference request as received: its model, the task id it carried,
+    and how it ended (``served``, ``rejected``, ``failed``, ``cancelled`` when
+    the client left first; None while running or when refused before the
+    engine saw it)."""
+
+    model: str
+    task_id: str | None
+    ticket: Ticket | None = None
+
+    def as_dict(self) -> dict[str, str | None]:
+        return {"model": self.model, "task_id": self.task_id,
+                "outcome": self.ticket.outcome if self.ticket is not None else None}
+
+
 class Fleet:
     def __init__(self, models: Iterable[SimModel]) -> None:
         # Every inference request as it arrived: (model, task id or None), oldest
         # first, bounded; fault tests count calls per task from it.
-        self.calls: deque[tuple[str, str | None]] = deque(maxlen=CALL_RECORD_LIMIT)
+        self.calls: deque[Call] = deque(maxlen=CALL_RECORD_LIMIT)
         self.engines: dict[str, ServedModel] = {}
         self.devices: dict[str, Device] = {}
         for model in models:
@@ -54,8 +71,13 @@ class Fleet:
         engine.configure(changes)
         return engine.stats()
 
-    def record_call(self, model: object, task_id: str | None) -> None:
-        self.calls.append((str(model), task_id))
+    def record_call(self, model: object, task_id: str | None) -> Call:
+        call = Call(str(model), task_id)
+        self.calls.append(call)
+        return call
+
+    def call_records(self) -> list[dict[str, str | None]]:
+        return [call.as_dict() for call in self.calls]
 
     def reset(self, *, config: bool = False) -> None:
         self.calls.clear()

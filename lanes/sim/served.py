@@ -61,6 +61,7 @@ class Ticket:
 
     arrived: float
     done: bool = False
+    outcome: str | None = None  # served, rejected, failed or cancelled, once done
     request: SimRequest | None = None
     core: EngineCore | None = None
 
@@ -247,6 +248,7 @@ class ServedModel:
             return
         self.abort(ticket)  # a no-op unless the client left mid-way
         ticket.done = True
+        ticket.outcome = outcome
         self.in_flight -= 1
         if self.device is not None:
             self.device.leave()

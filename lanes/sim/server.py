@@ -195,8 +195,9 @@ class Simulator:
         return self._on_loop(self.fleet.stats)
 
     def calls(self) -> list[dict[str, str | None]]:
-        """Every inference request so far (since the last reset), oldest first: model and task id."""
-        return self._on_loop(lambda: [{"model": m, "task_id": t} for m, t in self.fleet.calls])
+        """Every inference request so far (since the last reset), oldest first:
+        model, task id and outcome (see :class:`lanes.sim.fleet.Call`)."""
+        return self._on_loop(self.fleet.call_records)
 
     def reset(self, *, config: bool = False) -> None:
         """Zero the counters; peaks restart from now. ``config``: also restore

@@ -4,6 +4,12 @@ for their slots (scripts/lib_yield.lua), never holding more than the width."""
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 
 import redis
@@ -78,6 +84,39 @@ def test_a_yielded_holder_queues_ahead_of_the_background_waiters(make_lane):
     eventually(lambda: results.get("queued_background"), what="the waiter after it").release()
 
 
+def test_a_resumed_holder_is_never_asked_again(make_lane):
+    # A background call is cut at most once per admission: a stream of
+    # urgent callers waits for natural releases instead of cutting it again.
+    lane = make_lane(width=1)
+    holder = lane.acquire(B, 1.0)
+    _, results = start_waiter(lane, I, name="first")
+    eventually(lambda: holder.yield_asked, what="the ask to yield")
+    holder.release()
+    first = eventually(lambda: results.get("first"), what="the first urgent grant")
+    resumed = {}
+    thread = threading.Thread(target=lambda: resumed.update(permit=lane.acquire(B, 10.0, resume=True)),
+                              daemon=True)
+    thread.start()
+    wait_queued(lane, 1)
+    first.release()
+    thread.join(5.0)
+    again = resumed["permit"]
+    start_waiter(lane, I, timeout=0.5, name="second", results=results)
+    eventually(lambda: "second" in results, what="the second urgent wait to end")
+    assert not again.yield_asked and not again.stopping
+    assert int(lane.client.hget(lane.keys.meta, "yields")) == 1
+    assert lane.stats().in_flight == 1
+    again.release()
+
+    # A resumed holder that finds a slot free (try_acquire) is spared too.
+    spared = lane.try_acquire(B, resume=True)
+    start_waiter(lane, I, timeout=0.5, name="third", results=results)
+    eventually(lambda: "third" in results, what="the third urgent wait to end")
+    assert not spared.yield_asked
+    assert int(lane.client.hget(lane.keys.meta, "yields")) == 1
+    spared.release()
+
+
 def test_as_many_asks_as_urgent_waiters_and_none_twice(make_lane):
     lane = make_lane(width=3)
     holders = [lane.acquire(B, 1.0) for _ in range(3)]
@@ -132,3 +171,76 @@ async def test_an_asyncio_holder_is_asked_and_resumes_ahead(make_async_lane):
     assert not later.done(), "the yielded holder goes before the background waiter queued earlier"
     await first.release()
     await (await later).release()
+
+
+# A background holder in a process of its own: it reports its id, then holds
+# until it hears the ask or the lease is lost, and says which it saw.
+HOLDER = textwrap.dedent("""
+    import json, sys, threading, redis
+    from lanes import Lane, LeaseLost, Priority
+    client = redis.Redis.from_url(sys.argv[1], socket_timeout=5)
+    lane = Lane(client, sys.argv[2], width=1, lease_seconds=float(sys.argv[3]))
+    permit = lane.acquire(Priority.BACKGROUND, 10.0)
+    print(json.dumps({"id": permit.holder_id}), flush=True)
+    stopped = threading.Event()
+    permit.on_stop(stopped.set)
+    stopped.wait(60)
+    try:
+        permit.check()
+        valid = True
+    except LeaseLost:
+        valid = False
+    print(json.dumps({"asked": permit.yield_asked, "lost": permit.lost.is_set(), "valid": valid}), flush=True)
+    permit.release()
+""")
+
+
+def _holder_process(lane, lease: float):
+    env = dict(os.environ, PYTHONPATH=os.getcwd())
+    proc = subprocess.Popen([sys.executable, "-c", HOLDER, lane.make_url, lane.key, str(lease)],
+                            stdout=subprocess.PIPE, env=env, text=True)
+    holder_id = json.loads(proc.stdout.readline())["id"]
+    return proc, holder_id
+
+
+def _end(proc) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+    proc.wait()
+
+
+def test_an_asked_holder_that_dies_gives_its_slot_back_by_its_lease(make_lane):
+    lane = make_lane("pool:asked-dies", width=1, lease_seconds=1.0)
+    proc, holder_id = _holder_process(lane, 1.0)
+    try:
+        proc.kill()  # dies holding the slot: nobody hears the ask
+        proc.wait()
+        _, results = start_waiter(lane, I, timeout=10.0, name="urgent")
+        urgent = eventually(lambda: results.get("urgent"), timeout=10, what="the slot back by its lease")
+        assert lane.stats().in_flight == 1
+        meta = lane.client.hgetall(lane.keys.meta)
+        assert f"y:{holder_id}".encode() not in meta, "the dead holder's mark went with its entry"
+        urgent.release()
+    finally:
+        _end(proc)
+
+
+def test_an_asked_holder_paused_past_its_lease_is_told_lost_and_over_admits_nothing(make_lane):
+    lane = make_lane("pool:asked-paused", width=1, lease_seconds=1.0)
+    proc, holder_id = _holder_process(lane, 1.0)
+    try:
+        os.kill(proc.pid, signal.SIGSTOP)  # a GC or VM pause: the ask waits unread
+        _, results = start_waiter(lane, I, timeout=10.0, name="urgent")
+        eventually(lambda: lane.client.hget(lane.keys.meta, f"y:{holder_id}"), what="the ask")
+        urgent = eventually(lambda: results.get("urgent"), timeout=10, what="the slot back by its lease")
+        assert lane.stats().in_flight == 1
+        os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=30)
+        report = json.loads(out.strip().splitlines()[-1])
+        assert report["lost"] and not report["valid"], report
+        urgent.check()  # its late release took nothing from the urgent holder
+        assert lane.stats().in_flight == 1
+        assert urgent.release()
+    finally:
+        _end(proc)

@@ -21,6 +21,9 @@ def test_a_stream_closed_mid_way_frees_its_slot(start_sim):
     eventually(lambda: sim.stats()["m"]["running"] == 0, timeout=2, what="the slot to free")
     stats = sim.stats()["m"]
     assert (stats["cancelled"], stats["served"], stats["in_flight"]) == (1, 0, 0)
+    # The call record says how each call ended (fault tests tell a cut call from a served one).
+    httpx.post(sim.base_url + "/chat/completions", json=chat_body("m", max_tokens=1), timeout=30)
+    assert [call["outcome"] for call in sim.calls()] == ["cancelled", "served"]
 
 
 async def test_clients_giving_up_in_the_queue_or_in_service_leave_exact_counts(start_sim):

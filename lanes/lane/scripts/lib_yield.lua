@@ -8,7 +8,10 @@
 -- "<id> <epoch> <counter>"; lanes/lane/doorbell.py). The holder aborts its
 -- call and releases; the release hands the slot to the head waiter, the
 -- urgent one, so the lane never holds more than its width. The holder then
--- queues again at the head of its priority (acquire.lua, fresh '2').
+-- queues again at the head of its priority (acquire.lua, fresh '2'), with
+-- an id ending in 'y' (lanes/lane/base.py YIELDED_ONCE): such a holder is
+-- never asked again, so a background call is cut at most once per
+-- admission, however long urgent callers keep coming.
 -- A mark goes with its holder (release.lua, lib_hold.lua unhold).
 --! include queue
 
@@ -25,7 +28,7 @@ local function ask_yields()
   local ids, counters, fields = {}, {}, {}
   for i = 1, #flat, 2 do
     local counter, prio = string.match(flat[i + 1], '^%d+:(%d+):%d+:(%d+)')
-    if prio == '2' then
+    if prio == '2' and string.byte(flat[i], -1) ~= 121 then   -- 121: 'y', yielded once
       ids[#ids + 1] = flat[i]
       counters[#counters + 1] = tonumber(counter)
       fields[#fields + 1] = 'y:' .. flat[i]
