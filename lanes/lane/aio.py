@@ -22,11 +22,11 @@ from redis.exceptions import NoScriptError
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import ReplyLost, acall_with_run, scripts_for
-from lanes.lane.base import (HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, is_cluster, new_id, new_token, text,
-                             unavailable)
+from lanes.lane.base import (HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, is_cluster, new_id, new_token,
+                             parse_doorbell, text, unavailable)
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
-from lanes.lane.model import AsyncPermit, Generation, LaneStats
+from lanes.lane.model import AsyncPermit, LaneStats
 from lanes.lane.server import check_lane_redis_async
 
 log = logging.getLogger("lanes.lane")
@@ -132,18 +132,16 @@ class AsyncHub:
                 continue
             if not message or message.get("type") != "message":
                 continue
-            parts = text(message["data"]).split(" ")
-            if len(parts) == 1:
+            parsed = parse_doorbell(message["data"])
+            if parsed is None:
+                log.warning("ignored malformed doorbell message %r", message["data"])
+                continue
+            waiter_id, generation = parsed
+            if generation is None:
                 # An urgent waiter asks one of our background holders for its slot.
-                permit = self.book.ask_yield(parts[0])
+                permit = self.book.ask_yield(waiter_id)
                 if permit is not None:
                     permit._ask_yield()
-                continue
-            try:
-                waiter_id, epoch, counter = parts
-                generation = Generation(int(epoch), int(counter))
-            except ValueError:
-                log.warning("ignored malformed doorbell message %r", message["data"])
                 continue
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
 

@@ -54,6 +54,20 @@ def new_id(token: str, resume: bool = False) -> str:
     return f"{token}.{next(_ids)}{YIELDED_ONCE if resume else ''}"
 
 
+def parse_doorbell(data) -> tuple[str, Generation | None] | None:
+    """A message on a process's wake channel: ``(waiter id, generation)`` for a
+    grant ("<id> <epoch> <counter>", lib_handoff.lua), ``(holder id, None)``
+    for an ask to yield (the id alone, lib_yield.lua), None if malformed."""
+    parts = (data.decode() if data.__class__ is bytes else data).split(" ")
+    if len(parts) == 1:
+        return parts[0], None
+    try:
+        waiter_id, epoch, counter = parts
+        return waiter_id, Generation(int(epoch), int(counter))
+    except ValueError:
+        return None
+
+
 def new_token() -> str:
     return f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
 

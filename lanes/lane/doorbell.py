@@ -29,9 +29,8 @@ import select
 import threading
 import time
 
-from lanes.lane.base import UNAVAILABLE
+from lanes.lane.base import UNAVAILABLE, parse_doorbell
 from lanes.lane.book import Waiter
-from lanes.lane.model import Generation
 from lanes.lane.wire import read_reply
 from lanes.priority import Priority
 
@@ -203,15 +202,13 @@ class DoorbellReader:
         self._dispatch_data(message["data"])
 
     def _dispatch_data(self, data) -> None:
-        parts = (data.decode() if data.__class__ is bytes else data).split(" ")
-        if len(parts) == 1:
-            self._ask_yield(parts[0])
-            return
-        try:
-            waiter_id, epoch, counter = parts
-            generation = Generation(int(epoch), int(counter))
-        except ValueError:
+        parsed = parse_doorbell(data)
+        if parsed is None:
             log.warning("ignored malformed doorbell message %r", data)
+            return
+        waiter_id, generation = parsed
+        if generation is None:
+            self._ask_yield(waiter_id)
             return
         leader = self._leader
         if leader is not None and leader.outcome is None and leader.id == waiter_id:

@@ -125,7 +125,7 @@ class Permit:
                     hooks = self._stop_hooks = []
                 hooks.append(hook)
         if stopped:
-            _run_hook(hook)
+            _run_hooks([hook])
             return _nothing
 
         def remove() -> None:
@@ -141,8 +141,7 @@ class Permit:
             hooks, self._stop_hooks = self._stop_hooks, None
         if event is not None:
             event.set()
-        for hook in hooks or ():
-            _run_hook(hook)
+        _run_hooks(hooks)
 
     def _ask_yield(self) -> None:
         """An urgent waiter asked for this slot (the hub's yield listener)."""
@@ -151,8 +150,7 @@ class Permit:
                 return
             self.yield_asked = True
             hooks, self._stop_hooks = self._stop_hooks, None
-        for hook in hooks or ():
-            _run_hook(hook)
+        _run_hooks(hooks)
 
     def _orphan(self) -> None:
         """In a forked child: this permit is the parent's (the parent renews
@@ -190,11 +188,12 @@ class Permit:
                 f"generation={self.generation}, priority={self.priority.label}, {state})")
 
 
-def _run_hook(hook: Callable[[], None]) -> None:
-    try:
-        hook()
-    except Exception:  # a hook's fault must not stop the renewer or the listener
-        log.warning("a permit's stop hook failed", exc_info=True)
+def _run_hooks(hooks: list[Callable[[], None]] | None) -> None:
+    for hook in hooks or ():
+        try:
+            hook()
+        except Exception:  # a hook's fault must not stop the renewer or the listener
+            log.warning("a permit's stop hook failed", exc_info=True)
 
 
 def _nothing() -> None:

@@ -28,6 +28,7 @@ import httpx
 from lanes.catalog import ModelInfo
 from lanes.errors import BackendError, BackendOverloaded, BackendTimeout, LeaseLost
 
+
 class Abort(Protocol):
     """What stops a call: a lane's :class:`~lanes.lane.Permit` is one."""
 
