@@ -190,7 +190,10 @@ HOLDER = textwrap.dedent("""
         valid = True
     except LeaseLost:
         valid = False
-    print(json.dumps({"asked": permit.yield_asked, "lost": permit.lost.is_set(), "valid": valid}), flush=True)
+    # A pause past the lease: the ask may be read before the lease timer
+    # fires, so the lost event is waited for (check() refuses at once).
+    lost = permit.lost.wait(5) if not valid else permit.lost.is_set()
+    print(json.dumps({"asked": permit.yield_asked, "lost": lost, "valid": valid}), flush=True)
     permit.release()
 """)
 
