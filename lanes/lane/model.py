@@ -77,7 +77,7 @@ class Permit:
         self._released = False
         self._release_lock = threading.Lock()
         self.yield_asked = False
-        self._stop_hooks: list[Callable[[], None]] | None = None
+        self._stop_hooks: list[Callable[[], bool | None]] | None = None
 
     @property
     def lane_key(self) -> str:
@@ -113,10 +113,15 @@ class Permit:
         """The holder must stop its work: the slot was lost or asked back."""
         return self._lost or self.yield_asked
 
-    def on_stop(self, hook: Callable[[], None]) -> Callable[[], None]:
+    def on_stop(self, hook: Callable[[], bool | None]) -> Callable[[], None]:
         """Run ``hook`` (once, on the thread that learns it) when the slot is
         lost or asked back; at once if it already was. Returns a function
-        that unregisters it."""
+        that unregisters it.
+
+        A hook returns True when it ended the holder's use of the slot there
+        and then (it shut the backend call's connection): a slot asked back
+        is then given back by the thread that learned it, without waiting for
+        the holder's thread to wake and do it (see :meth:`_ask_yield`)."""
         with _lost_lock:
             stopped = self.stopping
             if not stopped:
@@ -143,14 +148,16 @@ class Permit:
             event.set()
         _run_hooks(hooks)
 
-    def _ask_yield(self) -> None:
-        """An urgent waiter asked for this slot (the hub's yield listener)."""
+    def _ask_yield(self) -> bool:
+        """An urgent waiter asked for this slot (the hub's yield listener).
+        True when a stop hook ended the holder's use of it: the caller may
+        then release it at once."""
         with _lost_lock:
             if self._released or self.yield_asked:
-                return
+                return False
             self.yield_asked = True
             hooks, self._stop_hooks = self._stop_hooks, None
-        _run_hooks(hooks)
+        return _run_hooks(hooks)
 
     def _orphan(self) -> None:
         """In a forked child: this permit is the parent's (the parent renews
@@ -188,12 +195,15 @@ class Permit:
                 f"generation={self.generation}, priority={self.priority.label}, {state})")
 
 
-def _run_hooks(hooks: list[Callable[[], None]] | None) -> None:
+def _run_hooks(hooks: list[Callable[[], bool | None]] | None) -> bool:
+    """Run every hook; True if one of them ended the holder's use of the slot."""
+    ended = False
     for hook in hooks or ():
         try:
-            hook()
+            ended = hook() is True or ended
         except Exception:  # a hook's fault must not stop the renewer or the listener
             log.warning("a permit's stop hook failed", exc_info=True)
+    return ended
 
 
 def _nothing() -> None:

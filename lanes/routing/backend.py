@@ -35,7 +35,7 @@ class Abort(Protocol):
     @property
     def stopping(self) -> bool: ...
 
-    def on_stop(self, hook: Callable[[], None]) -> Callable[[], None]: ...
+    def on_stop(self, hook: Callable[[], bool | None]) -> Callable[[], None]: ...
 
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
@@ -191,8 +191,10 @@ def _stopped(model: ModelInfo) -> LeaseLost:
 def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], None]:
     """Shut the call's connection when ``abort`` stops (from the thread that
     learns it): the reading thread's blocked read returns at once, and the
-    backend sees its client leave. Returns the function that disarms it,
-    called before the connection goes back to the pool."""
+    backend sees its client leave. The hook says True when it shut it (the
+    call is over for the backend, so the slot may go back at once). Returns
+    the function that disarms it, called before the connection goes back to
+    the pool."""
     if abort is None:
         return _nothing
     stream = response.extensions.get("network_stream")
@@ -202,13 +204,15 @@ def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], 
     guard = threading.Lock()
     armed = [True]
 
-    def cut() -> None:
+    def cut() -> bool:
         with guard:
-            if armed[0]:
-                try:
-                    sock.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass  # already closed
+            if not armed[0]:
+                return False
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed: the call is over either way
+            return True
 
     remove = abort.on_stop(cut)
 

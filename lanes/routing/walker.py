@@ -233,18 +233,27 @@ class Walker:
         if pool is None:
             return _Admission(None, None)
         lane = rt.lane(pool)
-        # A free slot costs no waiting: take it whatever the budget.
-        # The workflow's name: its guaranteed share within the priority (lanes/lane/lib_share.lua).
-        permit = lane.try_acquire(request.priority, workflow=request.workflow, resume=resume)
+        admission = budget.admission_budget(now, 0.0 if last else route.reserve_seconds)
+        # The wait ends by the admission budget, and early enough that the
+        # call after it still ends inside the walk's budget from delivery.
+        wait_limit = wait_room if admission is None else min(admission, wait_room)
+        weighs_wait = not last and admission is not None  # it may bypass this candidate instead
+        permit = None
+        if weighs_wait or wait_limit <= 0:
+            # A free slot costs no waiting: take it whatever the budget. (A
+            # candidate it will wait for anyway is asked in one call: acquire
+            # takes a free slot in the same round trip as it queues.)
+            # The workflow's name: its guaranteed share within the priority (lanes/lane/lib_share.lua).
+            permit = lane.try_acquire(request.priority, workflow=request.workflow, resume=resume)
         if permit is None:
-            permit = self._wait(route, model, request, last, budget, lane, now, wait_room, cancel, trace, resume)
+            permit = self._wait(route, model, request, last, lane, admission, wait_room, wait_limit, cancel, trace,
+                                resume)
             if permit is SKIP:
                 return SKIP
         return _Admission(permit, self._generation(pool, permit, model))
 
-    def _wait(self, route, model, request, last, budget, lane, now, wait_room, cancel, trace, resume=False):
-        reserve = 0.0 if last else route.reserve_seconds
-        admission = budget.admission_budget(now, reserve)
+    def _wait(self, route, model, request, last, lane, admission, wait_room, wait_limit, cancel, trace,
+              resume=False):
         if not last and admission is not None:
             if admission <= 0:
                 self._bypass(trace, route, model, request, "budget_spent", budget_ms=_ms(admission))
@@ -254,9 +263,6 @@ class Walker:
                 self._bypass(trace, route, model, request, "forecast",
                              forecast_ms=_ms(forecast), budget_ms=_ms(admission))
                 return SKIP
-        # The wait ends by the admission budget, and early enough that the
-        # call after it still ends inside the walk's budget from delivery.
-        wait_limit = wait_room if admission is None else min(admission, wait_room)
         started = time.monotonic()
         try:
             if wait_limit <= 0:

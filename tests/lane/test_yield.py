@@ -43,6 +43,41 @@ def test_an_urgent_waiter_asks_the_newest_background_holder_and_gets_its_slot(ma
     older.release()
 
 
+def test_a_holder_whose_call_was_cut_gives_its_slot_back_from_the_thread_that_learned_it(make_lane):
+    # The backend's cut hook says True once it has shut the call's connection:
+    # the hub gives the slot to the urgent waiter at once, without the holder's
+    # own thread (which here never wakes to release).
+    lane = make_lane(width=1)
+    holder = lane.acquire(B, 1.0)
+    cut = threading.Event()
+
+    def cut_call() -> bool:
+        cut.set()
+        return True
+
+    holder.on_stop(cut_call)
+    urgent = lane.acquire(I, 5.0)
+    assert cut.is_set() and holder.yield_asked and holder.released
+    assert lane.stats().in_flight == 1
+    assert not holder.release(), "the holder's own release is a no-op after the hub's"
+    assert lane.stats().in_flight == 1
+    urgent.release()
+    assert lane.stats().in_flight == 0
+
+
+def test_a_holder_whose_call_could_not_be_cut_keeps_its_slot_until_it_releases(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(B, 1.0)
+    holder.on_stop(lambda: None)  # nothing cut (no connection yet): the call may still run
+    _, results = start_waiter(lane, I, name="urgent")
+    eventually(lambda: holder.yield_asked, what="the ask to yield")
+    wait_queued(lane, 1)
+    assert not holder.released and "urgent" not in results
+    assert lane.stats().in_flight == 1
+    assert holder.release()
+    eventually(lambda: results.get("urgent"), what="the urgent grant").release()
+
+
 def test_user_tool_work_asks_too_but_never_an_urgent_holder(make_lane):
     lane = make_lane(width=1)
     tool = lane.acquire(U, 1.0)

@@ -89,6 +89,7 @@ class Stop:
         self.stopping = False
         self._hooks: list = []
         self._lock = threading.Lock()
+        self.said: list = []  # what each hook returned (True: it ended the call there)
 
     def on_stop(self, hook):
         with self._lock:
@@ -102,8 +103,7 @@ class Stop:
         with self._lock:
             self.stopping = True
             hooks, self._hooks = self._hooks, []
-        for hook in hooks:
-            hook()
+        self.said = [hook() for hook in hooks]
 
 
 def wait_cancelled(sim, name: str) -> dict:
@@ -121,6 +121,7 @@ def test_a_stop_aborts_the_call_at_once_and_frees_the_backend(sim, client, name)
         client.call(model(sim, name), {"messages": [{"role": "user", "content": "x"}]}, timeout=10, abort=stop)
     stats = wait_cancelled(sim, name)
     assert stats["cancelled"] == 1 and stats["served"] == 0
+    assert stop.said == [True], "the cut says it ended the call, so a slot asked back can go at once"
     # The cut connection is not reused: the next call is served.
     assert client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10).status == 200
 
@@ -139,7 +140,8 @@ def test_a_background_call_asked_back_by_urgent_work_ends_at_once(sim, client, r
         assert permit.yield_asked
         stats = wait_cancelled(sim, "slow")
         assert stats["cancelled"] == 1 and stats["served"] == 0
-        assert permit.release()
+        # The hub released the slot right after the cut, not the calling thread.
+        assert permit.released and not permit.release()
         eventually(lambda: urgent.get("permit"), what="the urgent grant").release()
     finally:
         close_hubs(redis_client)
