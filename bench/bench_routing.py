@@ -139,10 +139,10 @@ def priority(bench: Bench, samples: int, fifo_samples: int) -> dict:
             for turn in range(PRIORITY_TURNS):
                 for case, clients in (("saturated", W), ("backlog", 11 * W)):
                     load = ClosedLoop(LanesLoad.of(dep, "bg"), clients)
-                    settle(sim, lambda s: s["running"] == W)
+                    settle(sim, lambda s: s["running"] == W, what="a lane full of background calls")
                     time.sleep(1.0)
                     parts = routed_admission(dep, samples // PRIORITY_TURNS, random.Random(turn))
-                    load.stop()
+                    load.stop()  # raises if the load died meanwhile
                     for part, values in parts.items():
                         merged[case].setdefault(part, []).extend(values)
                     settle(sim, lambda s: s["in_flight"] == 0, timeout=60)
@@ -160,7 +160,7 @@ def priority(bench: Bench, samples: int, fifo_samples: int) -> dict:
         try:
             for case, clients in (("saturated", W), ("backlog", 11 * W)):
                 load = ClosedLoop(PlainLoad.of(plain, sim), clients)
-                settle(sim, lambda s: s["running"] == W)
+                settle(sim, lambda s: s["running"] == W, what="a backend full of plain calls")
                 time.sleep(1.0)
                 delays = plain_admission(plain, sim, fifo_samples, random.Random(1))
                 load.stop()

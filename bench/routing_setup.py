@@ -178,15 +178,29 @@ class ClosedLoop:
         self._process = context.Process(target=_closed_loop, args=(load, clients, self._stop), daemon=True)
         self._process.start()
 
+    def check(self) -> None:
+        """Raise if the load's process died (its samples would time an idle lane)."""
+        if not self._process.is_alive():
+            raise RuntimeError(f"the closed-loop load ended with exit code {self._process.exitcode}")
+
     def stop(self) -> None:
+        self.check()
         self._stop.set()
         self._process.join(60)
         if self._process.is_alive():
             self._process.kill()
             self._process.join(10)
+        if self._process.exitcode != 0:
+            raise RuntimeError(f"the closed-loop load ended with exit code {self._process.exitcode}")
 
 
-def settle(sim: RemoteSim, predicate, timeout: float = 30.0) -> None:
+def settle(sim: RemoteSim, predicate, timeout: float = 30.0, *, what: str | None = None) -> None:
+    """Wait until the simulator's stats satisfy ``predicate``; with ``what``,
+    raise if they never do (a figure taken then would measure the wrong state)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and not predicate(sim.stats()["m"]):
+    while time.monotonic() < deadline:
+        if predicate(sim.stats()["m"]):
+            return
         time.sleep(0.05)
+    if what is not None:
+        raise RuntimeError(f"{what} not reached within {timeout:.0f}s: {sim.stats()['m']}")

@@ -55,7 +55,8 @@ class Permit:
     ``yield_asked`` is set when an urgent waiter asked this background
     holder to give its slot back (scripts/lib_yield.lua): the slot is still
     ours, but the holder should stop its work, release, and queue again with
-    ``acquire(..., resume=True)``. ``stopping`` is either of the two, and
+    ``acquire(..., resume=True)`` (when a stop hook already ended the work,
+    the hub has released it: see :meth:`on_stop`). ``stopping`` is either of the two, and
     :meth:`on_stop` runs a callback at that moment (e.g. to cut a backend
     call short).
     """
