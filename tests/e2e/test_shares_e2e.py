@@ -75,6 +75,9 @@ def batch(dep, size: int = 8) -> list[str]:
 
 
 def test_a_slow_primary_loses_its_share_to_the_fallback_and_wins_it_back(dep):
+    # The first calls of a fresh deployment pay for cold connections and imports, and on
+    # a busy machine they can breach the budget by that alone; the claim is about a warm one.
+    eventually(lambda: batch(dep) and share(dep) == 1.0, timeout=90, interval=0, what="a warm start at full share")
     assert set(batch(dep)) == {"slow"} and share(dep) == 1.0
 
     dep.sim.configure("slow", ttft_ms=700.0)  # past the 300 ms budget, at runtime
