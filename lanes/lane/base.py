@@ -183,8 +183,8 @@ class LaneBase:
         # int() reads bytes and str alike.
         if kind == "granted":
             return kind, Generation(int(reply[1]), int(reply[2]))
-        if kind == "queued":
-            return kind, int(reply[1]), int(reply[2])
+        if kind == "queued":  # then the background holders this call asked to yield
+            return kind, int(reply[1]), int(reply[2]), [text(asked) for asked in reply[3:]]
         if kind == "busy":
             return kind, int(reply[1])
         return (kind,)

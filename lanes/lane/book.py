@@ -86,6 +86,9 @@ class Book:
         # Holders asked to yield before they were registered here (the ask
         # came between the grant and the registration): asked on registration.
         self.early_yields: dict[str, None] = {}
+        # Waiters that took their grant from a release's reply in this process
+        # (deliver_own): the doorbell that follows is dropped, not kept.
+        self.delivered: dict[str, None] = {}
 
     def _slot(self, lane) -> Slot:
         slot = self.slots.get(id(lane))
@@ -238,6 +241,9 @@ class Book:
 
     def deliver_grant(self, waiter_id: str, generation: Generation, now: float) -> bool:
         """Hand a doorbell's grant to its waiter and wake it."""
+        if self.delivered and waiter_id in self.delivered:
+            del self.delivered[waiter_id]
+            return False  # it came with the release's reply (deliver_own)
         slot = self.waiter_slot.get(waiter_id)
         waiter = slot.waiters.get(waiter_id) if slot else None
         if waiter is None:
@@ -248,6 +254,22 @@ class Book:
         if waiter.outcome is not None:
             return False
         waiter.outcome = ("granted", generation, now)
+        waiter.wake()
+        return True
+
+    def deliver_own(self, waiter_id: str, generation: Generation, now: float) -> bool:
+        """Hand a grant read from a release's reply to its waiter, if it waits
+        here with no outcome yet (else the doorbell, which always follows,
+        does what it must: an early grant is kept for a waiter still to
+        register)."""
+        slot = self.waiter_slot.get(waiter_id)
+        waiter = slot.waiters.get(waiter_id) if slot else None
+        if waiter is None or waiter.outcome is not None:
+            return False
+        waiter.outcome = ("granted", generation, now)
+        if len(self.delivered) >= UNCLAIMED_KEEP:
+            del self.delivered[next(iter(self.delivered))]
+        self.delivered[waiter_id] = None
         waiter.wake()
         return True
 

@@ -19,6 +19,14 @@ the book these methods use).
   same channel. A holder busy with its call reads nothing, so while the
   process holds slots and no waiter leads, the hub's *idle reader* thread
   leads instead; a waiter that registers takes over from it at once.
+- Both messages have a shortcut within one process, where a fleet worker
+  runs its urgent and background threads side by side: an urgent acquire's
+  reply names the holders it asked, and the urgent thread cuts and releases
+  those of its own process itself (``yield_own``); a release's reply names
+  the waiter it granted, and a waiter of the releasing process takes its
+  grant from there (``deliver_own``). The doorbells still go out (another
+  process, or this one if the shortcut missed, acts on them); a permit
+  acts on the first ask only, and a grant already taken is dropped.
 """
 
 from __future__ import annotations
@@ -221,6 +229,24 @@ class DoorbellReader:
             return
         with self._cond:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
+
+    def yield_own(self, holder_ids: list[str]) -> None:
+        """Ask the holders of this process among ``holder_ids`` (an urgent
+        acquire's reply names those it asked) to yield, on the calling
+        thread: the urgent waiter's own, which then needs no thread to hand
+        it the slot. Each ask also comes as a doorbell; a permit acts on the
+        first of the two only."""
+        mine = self.token + "."
+        for holder_id in holder_ids:
+            if holder_id.startswith(mine):
+                self._ask_yield(holder_id)
+
+    def deliver_own(self, waiter_id: str, generation) -> None:
+        """A release's reply granted ``waiter_id``: if it waits in this
+        process, it has its grant now, not after the doorbell's trip."""
+        if waiter_id.startswith(self.token + "."):
+            with self.lock:
+                self.book.deliver_own(waiter_id, generation, time.monotonic())
 
     def _ask_yield(self, holder_id: str) -> None:
         """An urgent waiter asks our holder ``holder_id`` for its slot."""

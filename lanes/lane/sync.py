@@ -155,10 +155,10 @@ class Lane(LaneBase):
         waiter = Waiter(id=waiter_id, priority=priority, member=self.member_of(waiter_id, timeout_ms, workflow),
                         workflow=workflow, epoch=parsed[1], renewed_at=started)
         deadline = None if timeout is None else started + timeout
-        return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel)
+        return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel, parsed[3])
 
     def _wait_queued(self, hub: SyncHub, waiter: Waiter, next_event_ms: int, started: float,
-                     deadline: float | None, cancel: threading.Event | None) -> Permit:
+                     deadline: float | None, cancel: threading.Event | None, asked: list[str] = ()) -> Permit:
         """We are in the queue: wait for the doorbell (rejoining if our place
         lapsed) until granted, timed out or cancelled."""
         event = threading.Event()
@@ -177,6 +177,12 @@ class Lane(LaneBase):
                 cancel.add_callback(wake)
             hub.add_waiter(self, waiter)
             hub.note_event(self, next_event_ms)
+            if asked:
+                # Holders of our own process asked to yield for us: cut and
+                # release them from this thread, now; the release's reply
+                # names our grant (see release()). The same asks reach the
+                # hub's doorbell too, and only one of the two acts on each.
+                hub.yield_own(asked)
             while True:
                 outcome = self._wait(hub, waiter, event, deadline, cancel)
                 if outcome[0] == "granted":
@@ -211,6 +217,8 @@ class Lane(LaneBase):
                 waiter.epoch = parsed[1]
                 waiter.renewed_at = sent_at
                 hub.note_event(self, parsed[2])
+                if parsed[3]:
+                    hub.yield_own(parsed[3])
         except BaseException:
             if queued:
                 # Interrupted (KeyboardInterrupt, Redis error mid-wait): leave
@@ -295,7 +303,11 @@ class Lane(LaneBase):
             # the permit (it is marked released), so this order is safe.
             owner = permit._lane  # the lane (and so the hub) that renews this permit
             owner._hub.remove_holder(owner, permit.holder_id)
-        if int(reply[1]):
+        if len(reply) > 3:
+            # The slot went to a waiter, maybe one of our own process: it
+            # takes its grant from here rather than from the doorbell.
+            self._hub.deliver_own(text(reply[2]), Generation(int(reply[3]), int(reply[4])))
+        elif int(reply[1]):
             self._hand_off_rest()
         return int(reply[0]) == 1
 

@@ -65,6 +65,55 @@ def test_a_holder_whose_call_was_cut_gives_its_slot_back_from_the_thread_that_le
     assert lane.stats().in_flight == 0
 
 
+def test_an_urgent_waiter_cuts_a_holder_of_its_own_process_and_takes_the_slot_on_its_own_thread(make_lane):
+    # Nobody reads the doorbells here (the test holds the reading), so the
+    # ask and the grant can only travel in the replies: the acquire's names
+    # the holder it asked, the release's names the waiter it granted.
+    lane = make_lane(width=1, lease_seconds=30.0)  # no renewal finds the grant in the meantime
+    holder = lane.acquire(B, 1.0)
+    cut_on: list[int] = []
+
+    def cut_call() -> bool:
+        cut_on.append(threading.get_ident())
+        return True
+
+    holder.on_stop(cut_call)
+    hub = lane._hub
+    assert hub._reader.acquire(timeout=5.0)
+    try:
+        urgent = lane.acquire(I, 5.0)  # with no doorbell read and no renewal, it would time out
+        assert urgent.holder_id in hub.book.delivered, "its grant came with the release's reply"
+    finally:
+        hub._reader.release()
+    assert cut_on == [threading.get_ident()], "cut by the urgent caller's own thread"
+    assert holder.released and lane.stats().in_flight == 1
+    # The doorbells sent all the same are read later and dropped, not kept
+    # for a waiter still to come.
+    urgent.release()
+    background = lane.acquire(B, 1.0)  # a holder again: the idle reader reads what waits
+    eventually(lambda: not hub.book.delivered, what="the late doorbell to be read and dropped")
+    assert urgent.holder_id not in hub.book.unclaimed
+    background.release()
+
+
+def test_a_waiter_of_the_releasing_process_takes_its_grant_from_the_release_reply(make_lane):
+    lane = make_lane(width=1, lease_seconds=30.0)
+    holder = lane.acquire(B, 1.0)
+    hub = lane._hub
+    assert hub._reader.acquire(timeout=5.0)  # nobody reads the doorbells
+    try:
+        _, results = start_waiter(lane, B, name="next")
+        waiter = eventually(lambda: next(iter(hub.book.waiter_slot), None), what="the waiter to register")
+        assert holder.release()
+        # Set by the release call itself, before any doorbell was read.
+        assert waiter in hub.book.delivered
+        granted = eventually(lambda: results.get("next"), what="the waiter to wake")
+    finally:
+        hub._reader.release()
+    assert granted.holder_id == waiter and lane.stats().in_flight == 1
+    granted.release()
+
+
 def test_a_holder_whose_call_could_not_be_cut_keeps_its_slot_until_it_releases(make_lane):
     lane = make_lane(width=1)
     holder = lane.acquire(B, 1.0)

@@ -24,7 +24,9 @@
 -- after its reply was lost) answers with that state and changes nothing.
 -- Returns one of:
 --   {'granted', epoch, counter}
---   {'queued', epoch, next_event_ms}   wait for the doorbell on the wake channel
+--   {'queued', epoch, next_event_ms, asked...}   wait for the doorbell on the
+--                                      wake channel; asked: the background holders
+--                                      this call asked to yield (lib_yield.lua)
 --   {'busy', epoch}                    try_only and no free slot
 --   {'nostate'}                        state absent and width unknown
 --! include base
@@ -132,5 +134,8 @@ if timeout_ms >= 0 and now + timeout_ms < wexp then wexp = now + timeout_ms end
 queue_add(st, member, prio, seq, wexp)
 lower_reap_at(st, wexp)
 -- An urgent caller queued on a full lane: background holders give way.
-if prio < 2 and now >= st.quiet_until then ask_yields() end
-return {'queued', fmt(st.epoch), next_event(st, now)}
+local reply = {'queued', fmt(st.epoch), next_event(st, now)}
+if prio < 2 and now >= st.quiet_until then
+  for _, asked in ipairs(ask_yields()) do reply[#reply + 1] = asked end
+end
+return reply

@@ -20,10 +20,12 @@ local YIELD_SCAN = 256            -- holder entries looked at per call (bounded 
 -- Ask as many background holders to yield as urgent waiters wait beyond
 -- those already asked: the most recently granted first (the least work
 -- lost; the highest counter, as every holder is of the current epoch).
--- Returns how many were asked now.
+-- Returns the ids asked now (the caller's reply names them: a holder in the
+-- caller's own process is cut by the caller at once, lanes/lane/sync.py).
 local function ask_yields()
+  local asked = {}
   local urgent = redis.call('ZCOUNT', K_QUEUE, '-inf', '(' .. fmt(2 * PRIO_SPAN))
-  if urgent == 0 then return 0 end
+  if urgent == 0 then return asked end
   local flat = redis.call('HSCAN', K_HINFO, 0, 'COUNT', YIELD_SCAN)[2]
   local ids, counters, fields = {}, {}, {}
   for i = 1, #flat, 2 do
@@ -34,22 +36,21 @@ local function ask_yields()
       fields[#fields + 1] = 'y:' .. flat[i]
     end
   end
-  if #ids == 0 then return 0 end
+  if #ids == 0 then return asked end
   local marks = redis.call('HMGET', K_META, unpack(fields))
   local free = {}
   local want = urgent
   for i = 1, #ids do
     if marks[i] then want = want - 1 else free[#free + 1] = i end
   end
-  if want <= 0 or #free == 0 then return 0 end
+  if want <= 0 or #free == 0 then return asked end
   table.sort(free, function(a, b) return counters[a] > counters[b] end)
-  local asked = 0
   for j = 1, math.min(want, #free) do
     local id = ids[free[j]]
     redis.call('HSET', K_META, 'y:' .. id, '1')
     redis.call('PUBLISH', channel_of(id), id)
-    asked = asked + 1
+    asked[#asked + 1] = id
   end
-  if asked > 0 then redis.call('HINCRBY', K_META, 'yields', asked) end
+  if #asked > 0 then redis.call('HINCRBY', K_META, 'yields', #asked) end
   return asked
 end

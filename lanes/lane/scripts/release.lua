@@ -7,7 +7,10 @@
 --                   own, carried in its queue entry)
 -- ARGV[5] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {released (1/0), more (1/0)}: more = slots and waiters remain
--- beyond this call's bounded handoff.
+-- beyond this call's bounded handoff; a lean handoff adds the waiter it
+-- granted and the grant, {.., waiter id, epoch, counter} (the doorbell goes
+-- out all the same): a waiter of the releaser's own process takes it from
+-- the reply, without the doorbell's trip (lanes/lane/sync.py).
 --! include base
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
@@ -134,7 +137,7 @@ if head then
     if redis.call('LPUSH', K_WAITS, prio .. ':' .. wait) > WAITS_KEEP + WAITS_SLACK then
       redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
     end
-    return {released, 0}   -- the one free slot is taken: nothing more
+    return {released, 0, wid, m[1], counter}   -- the one free slot is taken: nothing more
   end
 elseif ewma then
   redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight, hfield, held)
