@@ -17,6 +17,7 @@ import redis
 from lanes import Priority
 from lanes.sim import SimModel
 from tests.e2e.harness import deploy
+from tests.polling import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
 
@@ -48,6 +49,17 @@ def worker_concurrency(dep) -> int | None:
         if name.startswith("gpu@"):
             return info["pool"]["max-concurrency"]
     return None
+
+
+def test_a_fleet_worker_freezes_its_start_up_heap(dep):
+    # Its full collections then leave the start-up heap alone (workers/app.py).
+    def heap():
+        stats = dep.client.celery.control.inspect(timeout=1.0).stats() or {}
+        return next((info["heap"] for name, info in stats.items() if name.startswith("gpu@")), None)
+
+    frozen = eventually(lambda: (heap() or {}).get("frozen_objects"), timeout=60, interval=0.5,
+                        what="the worker's frozen heap")
+    assert frozen > 10_000, frozen  # Celery, kombu, httpx and the catalog: far more than this
 
 
 def test_pools_shows_the_live_lane_of_every_pool(dep):
