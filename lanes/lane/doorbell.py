@@ -36,6 +36,7 @@ import os
 import select
 import threading
 import time
+from collections.abc import Sequence
 
 from lanes.lane.base import UNAVAILABLE, parse_doorbell
 from lanes.lane.book import Waiter
@@ -230,7 +231,7 @@ class DoorbellReader:
         with self._cond:
             self.book.deliver_grant(waiter_id, generation, time.monotonic())
 
-    def yield_own(self, holder_ids: list[str]) -> None:
+    def yield_own(self, holder_ids: Sequence[str]) -> None:
         """Ask the holders of this process among ``holder_ids`` (an urgent
         acquire's reply names those it asked) to yield, on the calling
         thread: the urgent waiter's own, which then needs no thread to hand

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import ReplyLost, close_runner, runner_for
@@ -158,7 +159,8 @@ class Lane(LaneBase):
         return self._wait_queued(hub, waiter, parsed[2], started, deadline, cancel, parsed[3])
 
     def _wait_queued(self, hub: SyncHub, waiter: Waiter, next_event_ms: int, started: float,
-                     deadline: float | None, cancel: threading.Event | None, asked: list[str] = ()) -> Permit:
+                     deadline: float | None, cancel: threading.Event | None,
+                     asked: Sequence[str] = ()) -> Permit:
         """We are in the queue: wait for the doorbell (rejoining if our place
         lapsed) until granted, timed out or cancelled."""
         event = threading.Event()
