@@ -244,32 +244,37 @@ class Book:
         if self.delivered and waiter_id in self.delivered:
             del self.delivered[waiter_id]
             return False  # it came with the release's reply (deliver_own)
-        slot = self.waiter_slot.get(waiter_id)
-        waiter = slot.waiters.get(waiter_id) if slot else None
+        waiter = self._waiter(waiter_id)
         if waiter is None:
             self.unclaimed[waiter_id] = ("granted", generation, now)
             if len(self.unclaimed) > UNCLAIMED_KEEP:
                 del self.unclaimed[next(iter(self.unclaimed))]
             return False
-        if waiter.outcome is not None:
-            return False
-        waiter.outcome = ("granted", generation, now)
-        waiter.wake()
-        return True
+        return self._grant(waiter, generation, now)
 
     def deliver_own(self, waiter_id: str, generation: Generation, now: float) -> bool:
         """Hand a grant read from a release's reply to its waiter, if it waits
         here with no outcome yet (else the doorbell, which always follows,
         does what it must: an early grant is kept for a waiter still to
         register)."""
-        slot = self.waiter_slot.get(waiter_id)
-        waiter = slot.waiters.get(waiter_id) if slot else None
-        if waiter is None or waiter.outcome is not None:
+        waiter = self._waiter(waiter_id)
+        if waiter is None or not self._grant(waiter, generation, now):
             return False
-        waiter.outcome = ("granted", generation, now)
         if len(self.delivered) >= UNCLAIMED_KEEP:
             del self.delivered[next(iter(self.delivered))]
         self.delivered[waiter_id] = None
+        return True
+
+    def _waiter(self, waiter_id: str) -> Waiter | None:
+        slot = self.waiter_slot.get(waiter_id)
+        return slot.waiters.get(waiter_id) if slot else None
+
+    @staticmethod
+    def _grant(waiter: Waiter, generation: Generation, now: float) -> bool:
+        """Give a waiter with no outcome yet its grant, and wake it."""
+        if waiter.outcome is not None:
+            return False
+        waiter.outcome = ("granted", generation, now)
         waiter.wake()
         return True
 
