@@ -97,6 +97,24 @@ def test_a_release_whose_reply_was_lost_reports_that_it_worked(lanes_via_proxy, 
     assert permit.release() is False, "a second release still says it did nothing"
 
 
+def test_an_urgent_waiter_whose_own_cut_lost_the_release_reply_takes_its_grant_from_the_doorbell(
+        lanes_via_proxy, fault_proxy):
+    # The urgent thread cuts and releases a holder of its own process
+    # (Lane._wait_queued); the release's reply, which would name its grant,
+    # is lost. The re-sent release names nothing, and the doorbell brings it.
+    proxied, direct = lanes_via_proxy(width=1, lease=10.0)
+    holder = proxied.acquire(Priority.BACKGROUND, timeout=2.0)
+    holder.on_stop(lambda: True)  # "the call was cut here"
+    fault_proxy.drop_reply_to(sha("release"))
+    urgent = proxied.acquire(I, timeout=5.0)
+    assert fault_proxy.dropped == 1
+    assert holder.released and urgent.generation > holder.generation
+    assert books(direct) == (1, 1, 0), "one holder, counted once"
+    assert urgent.holder_id not in proxied._hub.book.delivered
+    urgent.release()
+    assert books(direct) == (0, 0, 0)
+
+
 def test_the_acquire_script_is_idempotent_for_an_id_that_holds_or_waits(make_lane):
     lane = make_lane(width=1)
     args = ["tok-1.1", 0, 5000, lane.lease_ms, "1", "0", "0", "1", "", ""]   # fresh=1, the fast path
