@@ -42,11 +42,13 @@ class AdaptiveStep:
     changed_at: float | None = None  # time.time() of the capacity change
     answered: int = 0
     failed: int = 0
+    # Where the width did not get to the capacity: the controller's most frequent decisions meanwhile.
+    shortfalls: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict:
         return {"pool": self.pool, "model": self.model, "configured": self.configured,
                 "capacities": list(self.capacities), "widths": self.widths, "answered": self.answered,
-                "failed": self.failed}
+                "failed": self.failed, "shortfalls": self.shortfalls}
 
 
 def with_controller(document: dict, pool: str = ADAPTIVE_POOL) -> bool:
@@ -79,6 +81,14 @@ def width_range(times: list[float], widths: list[int], start: float, end: float)
     if not held:
         return None
     return str(min(held)) if min(held) == max(held) else f"{min(held)}..{max(held)}"
+
+
+def decisions_between(decisions: list, start: float, end: float, top: int = 3) -> str:
+    """The controller's most frequent decisions between ``start`` and ``end``: "hold (3 running of 4 ...) x9"."""
+    seen = Counter((d, r) for t, d, r in decisions if start <= t <= end)
+    if not seen:
+        return "no decision at all (is a worker running the controller?)"
+    return "; ".join(f"{d} ({r}) x{n}" for (d, r), n in seen.most_common(top))
 
 
 def _follow(series, reached, phase_seconds: float) -> tuple[float, float]:
@@ -129,15 +139,27 @@ def run_adaptive_step(client, sim_url: str, step: AdaptiveStep, timeline, consol
                       f"{step.capacities[0]}")
         for thread in threads:
             thread.start()
+        began = time.time()
         with console.status(f"{step.pool}: following capacity {step.capacities[0]}"):
             reached, step.changed_at = _follow(series, lambda w: w >= step.capacities[0], phase_seconds)
         before = width_range(series.times, series.width, reached, step.changed_at)
+        if not (series.width and series.width[-1] >= step.capacities[0]):
+            why = decisions_between(series.decisions, began, step.changed_at)
+            step.shortfalls.append(f"below capacity {step.capacities[0]}: {why}")
+            console.print(f"[yellow]{step.pool} did not get to capacity {step.capacities[0]}[/]; "
+                          f"the controller decided: {why}")
         admin.post(f"/admin/models/{step.model}", json={"capacity": step.capacities[1]}).raise_for_status()
         console.print(f"capacity of {step.model} changed {step.capacities[0]} -> {step.capacities[1]} "
                       f"through the simulator's admin endpoint (width then {series.width[-1]})")
+        cut_from = time.time()
         with console.status(f"{step.pool}: following capacity {step.capacities[1]}"):
             reached, ended = _follow(series, lambda w: w <= step.capacities[1] + 1, phase_seconds)
         after = width_range(series.times, series.width, reached, ended)
+        if not (series.width and series.width[-1] <= step.capacities[1] + 1):
+            why = decisions_between(series.decisions, cut_from, ended)
+            step.shortfalls.append(f"above capacity {step.capacities[1]}: {why}")
+            console.print(f"[yellow]{step.pool} did not come down to capacity {step.capacities[1]}[/]; "
+                          f"the controller decided: {why}")
         step.widths = [step.configured, before, after]
     finally:
         stop.set()

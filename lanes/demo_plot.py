@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lanes.pools import pool_lane
+from lanes.control.store import ControlStore
+from lanes.namespace import Namespace
+from lanes.pools import pool_lane, running_kinds
 from lanes.priority import Priority
 from lanes.redis_conn import connect
 
@@ -29,6 +31,8 @@ class Series:
     times: list[float] = field(default_factory=list)
     width: list[int] = field(default_factory=list)
     in_flight: list[int] = field(default_factory=list)
+    # The controller's decisions, where one runs: (time.time() when seen, decision, reason).
+    decisions: list[tuple[float, str, str]] = field(default_factory=list)
 
 
 class Timeline:
@@ -37,6 +41,9 @@ class Timeline:
         """``capacity``: a callable giving the adaptive backend's capacity now, or None."""
         self.client = connect(redis_url)
         self.lanes = {pool.name: pool_lane(self.client, settings, pool) for pool in table.pools.values()}
+        self.control = ControlStore(self.client, Namespace(settings.key_prefix))
+        self.controlled = {pool.name: pool.id for pool in table.pools.values() if running_kinds(pool)}
+        self._decided: dict[str, float | None] = {}
         self.series = {name: Series() for name in self.lanes}
         self.capacity_of = capacity
         self.capacity: list[tuple[float, int]] = []
@@ -67,8 +74,16 @@ class Timeline:
             series.times.append(now)
             series.width.append(stats.width)
             series.in_flight.append(stats.in_flight)
+            if name in self.controlled:
+                self._sample_decision(name, series, now)
         if self.capacity_of is not None:
             self.capacity.append((now, self.capacity_of()))
+
+    def _sample_decision(self, name: str, series: Series, now: float) -> None:
+        state = self.control.read(self.controlled[name])
+        if state is not None and state.decided_at is not None and state.decided_at != self._decided.get(name):
+            self._decided[name] = state.decided_at
+            series.decisions.append((now, state.decision or "", state.reason or ""))
 
     def stop(self) -> None:
         self._stop.set()

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from lanes.demo_control import ADAPTIVE_POOL, VLLM, move_port, width_range, with_controller
+from lanes.demo_control import ADAPTIVE_POOL, VLLM, decisions_between, move_port, width_range, with_controller
 
 
 def test_the_controller_goes_on_the_adaptive_pool_only():
@@ -33,6 +33,15 @@ def test_a_width_range_covers_only_its_window():
     assert width_range(times, widths, 1.0, 3.0) == "6..7"
     assert width_range(times, widths, 4.0, 9.0) == "3"
     assert width_range(times, widths, 5.0, 9.0) is None
+
+
+def test_a_shortfall_names_the_controllers_most_frequent_decisions_in_its_window():
+    hold = ("hold", "3 running of 4 (4 in flight): not near full")
+    decisions = [(0.5, "grow", "every slot used"), (1.0, *hold), (2.0, *hold), (3.0, "hold", "no new scrape"),
+                 (9.0, "cut", "saturated")]
+    assert decisions_between(decisions, 1.0, 3.0) == (
+        "hold (3 running of 4 (4 in flight): not near full) x2; hold (no new scrape) x1")
+    assert decisions_between(decisions, 4.0, 8.0).startswith("no decision at all")
 
 
 def test_a_plot_path_the_demo_cannot_write_is_refused_before_anything_starts(tmp_path):
