@@ -128,6 +128,17 @@ def _range(text: str) -> tuple[int, int]:
     return int(low), int(high or low)
 
 
+def _warnings(logs: Path, keep: int = 20) -> dict[str, list[str]]:
+    """The last warnings and errors of each log in ``logs``."""
+    found = {}
+    for log in sorted(logs.glob("*.log")):
+        lines = [line for line in log.read_text(errors="replace").splitlines()
+                 if any(level in line for level in ("WARNING", "ERROR", "CRITICAL", "Traceback"))]
+        if lines:
+            found[log.name] = lines[-keep:]
+    return found
+
+
 def test_the_demo_runs_the_product_on_embedded_defaults(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_")}
     env["LANES_STATE_DIR"] = str(tmp_path / "state")
@@ -158,9 +169,10 @@ def test_the_demo_runs_the_product_on_embedded_defaults(tmp_path):
                          r"backend's capacity was 6 and (\S+) after it changed to 3 \((\d+) width changes", out)
     assert adaptive, out
     before, after = _range(adaptive[1]), _range(adaptive[2])
-    # On failure the whole output: the demo names the controller's decisions when it fell short.
-    assert before[0] >= 5 and before[1] <= 8, (before, out)
-    assert after[0] <= 4 and after[1] <= 5, (after, out)
+    # On failure the whole output (the demo names the controller's decisions when it fell
+    # short) and the warnings the workers logged.
+    assert before[0] >= 5 and before[1] <= 8, (before, out, _warnings(tmp_path / "state" / "logs"))
+    assert after[0] <= 4 and after[1] <= 5, (after, out, _warnings(tmp_path / "state" / "logs"))
     assert int(adaptive[3]) >= 2, out
     assert re.search(r"aifarm-gpu0-dialog │ 4 → \S+ → \S+ │ 6 → 3 │", out)
 
