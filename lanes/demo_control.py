@@ -28,8 +28,12 @@ CAPACITIES = (6, 3)  # the backend's capacity before and after the change (the p
 CHAT = {"messages": [{"role": "user", "content": "Plan my week."}], "max_tokens": 16}
 # Answers of about half a second in this step: with the mixed workload's 0.14 s ones, the
 # gap between one answer and the next request is a large share of each slot, so a scrape
-# often catches one slot between requests and "near full" is a matter of luck.
-STEP_MODEL = {"per_token_ms": 40.0}
+# often catches one slot between requests and "near full" is a matter of luck. Step times
+# vary (lognormal, mean unchanged): with every answer the same length, the closed loop's
+# batches turned over on a fixed beat of about 0.5 s, and the controller, scraping about
+# once a second, could see the same moment of that beat (two answers just ended, their
+# successors not yet there: "2 running of 4") tick after tick, and never grow.
+STEP_MODEL = {"per_token_ms": 40.0, "distribution": "lognormal", "sigma": 0.3}
 
 
 @dataclass
