@@ -253,7 +253,7 @@ class DoorbellReader:
         """An urgent waiter asks our holder ``holder_id`` for its slot."""
         with self.lock:
             permit = self.book.ask_yield(holder_id)
-        if permit is not None and permit._ask_yield():
+        if permit is not None and permit._ask_yield(hands_over=True):
             # The holder's call was cut here: hand its slot to the urgent
             # waiter now rather than after the holder's thread wakes to do it
             # (a thread switch fewer on the urgent request's way in). The
@@ -263,3 +263,5 @@ class DoorbellReader:
             except Exception:  # the reader must go on; the lease ends the slot
                 log.warning("could not give back the slot of holder %s asked back; its lease will expire",
                             holder_id, exc_info=True)
+            finally:
+                permit._handed_over()

@@ -79,6 +79,7 @@ class Permit:
         self._release_lock = threading.Lock()
         self.yield_asked = False
         self._stop_hooks: list[Callable[[], bool | None]] | None = None
+        self._handover: threading.Event | None = None  # set once a slot asked back was given back
 
     @property
     def lane_key(self) -> str:
@@ -149,16 +150,38 @@ class Permit:
             event.set()
         _run_hooks(hooks)
 
-    def _ask_yield(self) -> bool:
+    def _ask_yield(self, hands_over: bool = False) -> bool:
         """An urgent waiter asked for this slot (the hub's yield listener).
         True when a stop hook ended the holder's use of it: the caller may
-        then release it at once."""
+        then release it at once. A caller that does (``hands_over``) calls
+        :meth:`_handed_over` once it has; until then the cut call's thread
+        steps aside (:meth:`wait_handed_over`)."""
         with _lost_lock:
             if self._released or self.yield_asked:
                 return False
             self.yield_asked = True
             hooks, self._stop_hooks = self._stop_hooks, None
-        return _run_hooks(hooks)
+            # Made before the hooks run: the cut call's thread may wait on it at once.
+            handover = self._handover = threading.Event()
+        ended = _run_hooks(hooks)
+        if not (ended and hands_over):
+            handover.set()  # the holder's own thread gives the slot back: nothing to wait for
+        return ended
+
+    def _handed_over(self) -> None:
+        """The thread that cut this holder's call has given its slot back."""
+        if self._handover is not None:
+            self._handover.set()
+
+    def wait_handed_over(self, timeout: float) -> None:
+        """Block the holder's thread, woken by the cut of its call, until the
+        slot asked back has been given back (at most ``timeout`` seconds), so
+        that its unwinding does not compete with the urgent waiter's hand-over
+        (see lanes.routing.backend). Returns at once for a slot that was lost
+        rather than asked back."""
+        handover = self._handover
+        if handover is not None:
+            handover.wait(timeout)
 
     def _orphan(self) -> None:
         """In a forked child: this permit is the parent's (the parent renews

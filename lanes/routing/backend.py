@@ -5,7 +5,9 @@ token is measured; the caller gets the assembled answer. A call made under a
 lane's permit stops when the permit does (its lease lost, or its slot asked
 back by urgent work): the connection is shut at that moment, so the backend
 sees the client leave and frees the slot at once, as vLLM aborts a request
-whose client disconnected.
+whose client disconnected. A call cut for urgent work steps aside: its
+thread, woken by the shut connection, waits until the slot has been handed
+over before it unwinds (see :class:`_SteppingStream`).
 
 A call has two limits: ``first_token_timeout`` for the first token of a
 stream (or the whole answer of an embedding) and ``timeout`` for the whole
@@ -23,6 +25,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Protocol
 
+import httpcore
 import httpx
 
 from lanes.catalog import ModelInfo
@@ -37,6 +40,12 @@ class Abort(Protocol):
 
     def on_stop(self, hook: Callable[[], bool | None]) -> Callable[[], None]: ...
 
+    def wait_handed_over(self, timeout: float) -> None: ...
+
+
+# How long a cut call's thread waits for its slot to be handed over before it
+# unwinds anyway: a release's round trip takes about a millisecond.
+STEP_ASIDE_SECONDS = 0.05
 
 OVERLOAD_STATUSES = frozenset({429, 503, 529})
 TASK_HEADER = "x-lanes-task"
@@ -57,10 +66,10 @@ class BackendClient:
     """One connection pool for every backend this process calls."""
 
     def __init__(self, *, max_connections: int = 256) -> None:
-        self._http = httpx.Client(
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            timeout=httpx.Timeout(60.0),
-        )
+        transport = httpx.HTTPTransport(
+            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections))
+        self.steps_aside = _step_aside(transport)
+        self._http = httpx.Client(transport=transport, timeout=httpx.Timeout(60.0))
 
     def close(self) -> None:
         self._http.close()
@@ -203,11 +212,14 @@ def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], 
         return _nothing  # the stop is then seen between chunks
     guard = threading.Lock()
     armed = [True]
+    handed_over = getattr(abort, "wait_handed_over", None)
 
     def cut() -> bool:
         with guard:
             if not armed[0]:
                 return False
+            if handed_over is not None and isinstance(stream, _SteppingStream):
+                stream.after_cut = lambda: handed_over(STEP_ASIDE_SECONDS)  # before the reader can wake
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -225,6 +237,70 @@ def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], 
 
 def _nothing() -> None:
     return None
+
+
+class _SteppingStream(httpcore.NetworkStream):
+    """A connection whose reading thread steps aside after its call was cut.
+
+    An urgent request takes a background call's slot by shutting that call's
+    connection, then releasing the slot to itself. The shut connection wakes
+    the background call's thread at once, and its unwinding (the HTTP
+    client's error path, the walk's) would run on the same interpreter while
+    the urgent thread waits for the release's reply, and take the
+    interpreter from it when the reply comes. So the read that wakes on the
+    cut first waits (``after_cut``) until the slot has been handed over.
+    """
+
+    def __init__(self, inner: httpcore.NetworkStream) -> None:
+        self._inner = inner
+        self.after_cut: Callable[[], None] | None = None
+
+    def read(self, max_bytes: int, timeout: float | None = None) -> bytes:
+        try:
+            return self._inner.read(max_bytes, timeout)
+        finally:
+            after = self.after_cut
+            if after is not None:
+                self.after_cut = None
+                after()
+
+    def write(self, buffer: bytes, timeout: float | None = None) -> None:
+        self._inner.write(buffer, timeout)
+
+    def close(self) -> None:
+        self._inner.close()
+
+    def start_tls(self, ssl_context, server_hostname: str | None = None,
+                  timeout: float | None = None) -> httpcore.NetworkStream:
+        return _SteppingStream(self._inner.start_tls(ssl_context, server_hostname, timeout))
+
+    def get_extra_info(self, info: str):
+        return self._inner.get_extra_info(info)
+
+
+class _SteppingBackend(httpcore.NetworkBackend):
+    def __init__(self, inner: httpcore.NetworkBackend) -> None:
+        self._inner = inner
+
+    def connect_tcp(self, host, port, timeout=None, local_address=None, socket_options=None):
+        return _SteppingStream(self._inner.connect_tcp(host, port, timeout, local_address, socket_options))
+
+    def connect_unix_socket(self, path, timeout=None, socket_options=None):
+        return _SteppingStream(self._inner.connect_unix_socket(path, timeout, socket_options))
+
+    def sleep(self, seconds: float) -> None:
+        self._inner.sleep(seconds)
+
+
+def _step_aside(transport: httpx.HTTPTransport) -> bool:
+    """Give ``transport``'s connections a :class:`_SteppingStream`. httpx takes
+    no network backend of its own, so this sets its pool's; False (calls are
+    still cut, without stepping aside) where a later httpcore moved it."""
+    pool = getattr(transport, "_pool", None)
+    if not isinstance(pool, httpcore.ConnectionPool) or not hasattr(pool, "_network_backend"):
+        return False
+    pool._network_backend = _SteppingBackend(pool._network_backend)
+    return True
 
 
 class _Progress:

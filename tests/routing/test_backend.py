@@ -2,6 +2,7 @@
 
 import json
 import threading
+import time
 from contextlib import contextmanager
 
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from lanes import BackendError, BackendOverloaded, Lane, LeaseLost, Priority
 from lanes.catalog import ModelInfo
 from lanes.lane.hub import close_hubs
+from lanes.routing import backend as backend_module
 from lanes.routing.backend import BackendClient
 from lanes.sim import SimModel, Simulator
 from tests.polling import eventually
@@ -126,7 +128,8 @@ def test_a_stop_aborts_the_call_at_once_and_frees_the_backend(sim, client, name)
     assert client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10).status == 200
 
 
-def test_a_background_call_asked_back_by_urgent_work_ends_at_once(sim, client, redis_client):
+def test_a_background_call_asked_back_by_urgent_work_ends_at_once(sim, client, redis_client, monkeypatch):
+    monkeypatch.setattr(backend_module, "STEP_ASIDE_SECONDS", 10.0)
     sim.reset()
     lane = Lane(redis_client, "pool:backend-yield", width=1, lease_seconds=5.0)
     lane.provision()
@@ -134,15 +137,79 @@ def test_a_background_call_asked_back_by_urgent_work_ends_at_once(sim, client, r
         permit = lane.acquire(Priority.BACKGROUND, 1.0)
         urgent: dict = {}
         threading.Timer(0.15, lambda: urgent.setdefault("permit", lane.acquire(Priority.INTERACTIVE, 10.0))).start()
-        with pytest.raises(LeaseLost):
+        released_when_it_unwound = None
+        try:
             client.call(model(sim, "slow"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10,
                         abort=permit)
+        except LeaseLost:
+            released_when_it_unwound = permit.released
         assert permit.yield_asked
         stats = wait_cancelled(sim, "slow")
         assert stats["cancelled"] == 1 and stats["served"] == 0
-        # The hub released the slot right after the cut, not the calling thread.
-        assert permit.released and not permit.release()
+        # The urgent side released the slot right after the cut, not the calling
+        # thread, which stepped aside until it had (STEP_ASIDE_SECONDS is 10 s here).
+        assert released_when_it_unwound is True
+        assert not permit.release()
         eventually(lambda: urgent.get("permit"), what="the urgent grant").release()
+    finally:
+        close_hubs(redis_client)
+
+
+class HandingStop(Stop):
+    """A stop that, like an urgent waiter's ask, hands the slot over after the cut."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.handed = threading.Event()
+        self.handed_at: float | None = None
+
+    def wait_handed_over(self, timeout: float) -> None:
+        self.handed.wait(timeout)
+
+    def stop_and_hand_over(self, after: float) -> None:
+        self.stop()
+        time.sleep(after)  # the urgent side's release round trip, made long
+        self.handed_at = time.monotonic()
+        self.handed.set()
+
+
+def test_a_cut_calls_thread_unwinds_only_once_its_slot_is_handed_over(sim, client, monkeypatch):
+    monkeypatch.setattr(backend_module, "STEP_ASIDE_SECONDS", 10.0)
+    assert client.steps_aside, "httpx's pool no longer takes the stepping network backend"
+    sim.reset()
+    stop = HandingStop()
+    threading.Timer(0.15, stop.stop_and_hand_over, args=(0.3,)).start()
+    with pytest.raises(LeaseLost):
+        client.call(model(sim, "slow"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10, abort=stop)
+    unwound_at = time.monotonic()
+    assert stop.said == [True] and stop.handed_at is not None and unwound_at >= stop.handed_at
+    assert wait_cancelled(sim, "slow")["cancelled"] == 1
+
+
+@pytest.mark.parametrize("stop", ["lease lost", "asked back, released by its own thread"])
+def test_a_call_stopped_without_a_hand_over_does_not_wait_for_one(sim, client, redis_client, monkeypatch, stop):
+    # Its own thread gives the slot back, so it must not step aside: were it to
+    # wait for a hand-over here, the call would take STEP_ASIDE_SECONDS (30 s).
+    monkeypatch.setattr(backend_module, "STEP_ASIDE_SECONDS", 30.0)
+    sim.reset()
+    lane = Lane(redis_client, f"pool:backend-no-handover-{stop[:5]}", width=1, lease_seconds=5.0)
+    lane.provision()
+    try:
+        permit = lane.acquire(Priority.BACKGROUND, 1.0)
+        threading.Timer(0.15, permit._mark_lost if stop == "lease lost" else permit._ask_yield).start()
+        ended = threading.Event()
+
+        def call() -> None:
+            try:
+                client.call(model(sim, "slow"), {"messages": [{"role": "user", "content": "x"}]}, timeout=10,
+                            abort=permit)
+            except LeaseLost:
+                ended.set()
+
+        threading.Thread(target=call, daemon=True).start()
+        assert ended.wait(10), "the cut call's thread waited for a hand-over nobody makes"
+        assert wait_cancelled(sim, "slow")["cancelled"] == 1
+        permit.release()
     finally:
         close_hubs(redis_client)
 
