@@ -33,14 +33,14 @@ from lanes.errors import BackendError, BackendOverloaded, BackendTimeout, LeaseL
 
 
 class Abort(Protocol):
-    """What stops a call: a lane's :class:`~lanes.lane.Permit` is one."""
+    """What stops a call: a lane's :class:`~lanes.lane.Permit` is one. It may
+    also have ``wait_handed_over(timeout)``: a cut call's thread then steps
+    aside there before it unwinds (see :class:`_SteppingStream`)."""
 
     @property
     def stopping(self) -> bool: ...
 
     def on_stop(self, hook: Callable[[], bool | None]) -> Callable[[], None]: ...
-
-    def wait_handed_over(self, timeout: float) -> None: ...
 
 
 # How long a cut call's thread waits for its slot to be handed over before it
