@@ -95,6 +95,16 @@ def decisions_between(decisions: list, start: float, end: float, top: int = 3) -
     return "; ".join(f"{d} ({r}) x{n}" for (d, r), n in seen.most_common(top))
 
 
+def _note_shortfall(step: AdaptiveStep, series, console: Console, reached, missed: str,
+                    start: float, end: float) -> None:
+    """Where the phase ended with the width short of ``reached``, say what the controller decided meanwhile."""
+    if series.width and reached(series.width[-1]):
+        return
+    why = decisions_between(series.decisions, start, end)
+    step.shortfalls.append(f"{missed}: {why}")
+    console.print(f"[yellow]{step.pool} {missed}[/]; the controller decided: {why}")
+
+
 def _follow(series, reached, phase_seconds: float) -> tuple[float, float]:
     """One phase: half a phase at least, on until ``reached(width)`` (three phases at most,
     so a slow machine shows what it did rather than hang), then half a phase more.
@@ -147,11 +157,8 @@ def run_adaptive_step(client, sim_url: str, step: AdaptiveStep, timeline, consol
         with console.status(f"{step.pool}: following capacity {step.capacities[0]}"):
             reached, step.changed_at = _follow(series, lambda w: w >= step.capacities[0], phase_seconds)
         before = width_range(series.times, series.width, reached, step.changed_at)
-        if not (series.width and series.width[-1] >= step.capacities[0]):
-            why = decisions_between(series.decisions, began, step.changed_at)
-            step.shortfalls.append(f"below capacity {step.capacities[0]}: {why}")
-            console.print(f"[yellow]{step.pool} did not get to capacity {step.capacities[0]}[/]; "
-                          f"the controller decided: {why}")
+        _note_shortfall(step, series, console, lambda w: w >= step.capacities[0],
+                        f"did not get to capacity {step.capacities[0]}", began, step.changed_at)
         admin.post(f"/admin/models/{step.model}", json={"capacity": step.capacities[1]}).raise_for_status()
         console.print(f"capacity of {step.model} changed {step.capacities[0]} -> {step.capacities[1]} "
                       f"through the simulator's admin endpoint (width then {series.width[-1]})")
@@ -159,11 +166,8 @@ def run_adaptive_step(client, sim_url: str, step: AdaptiveStep, timeline, consol
         with console.status(f"{step.pool}: following capacity {step.capacities[1]}"):
             reached, ended = _follow(series, lambda w: w <= step.capacities[1] + 1, phase_seconds)
         after = width_range(series.times, series.width, reached, ended)
-        if not (series.width and series.width[-1] <= step.capacities[1] + 1):
-            why = decisions_between(series.decisions, cut_from, ended)
-            step.shortfalls.append(f"above capacity {step.capacities[1]}: {why}")
-            console.print(f"[yellow]{step.pool} did not come down to capacity {step.capacities[1]}[/]; "
-                          f"the controller decided: {why}")
+        _note_shortfall(step, series, console, lambda w: w <= step.capacities[1] + 1,
+                        f"did not come down to capacity {step.capacities[1]}", cut_from, ended)
         step.widths = [step.configured, before, after]
     finally:
         stop.set()

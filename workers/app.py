@@ -117,9 +117,10 @@ def freeze_start_up_heap() -> None:
     lives as long as the worker, and every full collection walked all of it
     with every thread of the worker stopped: 92-95 ms each, about one every
     four minutes under the priority benchmark's load (docs/BENCHMARKS.md), so
-    an urgent request arriving then waited that long to start. Frozen, it is never scanned again (nor freed,
-    which it never would be anyway); the collector still sees everything made
-    afterwards. ``gc.collect`` first, so no garbage is frozen with it."""
+    an urgent request arriving then waited that long to start. Frozen, it is
+    never scanned again (nor freed, which it never would be anyway); the
+    collector still sees everything made afterwards. ``gc.collect`` first, so
+    no garbage is frozen with it."""
     gc.collect()
     gc.freeze()
 
