@@ -119,15 +119,17 @@ class LaneBase:
         self.notify_flag = "0" if is_cluster(client) else "1"
 
     def acquire_args(self, waiter_id: str, priority, timeout_ms: int, try_only: bool, fresh: bool,
-                     previous: str, workflow: str, resume: bool) -> list:
+                     previous: str, workflow: str, resume: bool, cuts_own: bool = False) -> list:
         """acquire.lua's ARGV (but the run_id, added by the runner). ``fresh``:
         the first call with this id (the script then skips its checks for a
         rejoining waiter); ``previous``: the member of this id's earlier queue
         entry, if any; ``resume`` (with fresh): a holder that yielded its slot
-        queues ahead of the waiters of its priority."""
+        queues ahead of the waiters of its priority; ``cuts_own``: the caller
+        cuts the holders of its own process that the reply names as asked, so
+        the script sends them no ask of their own."""
         return [waiter_id, int(priority), timeout_ms, self.lease_ms, self.width_arg(False),
                 "1" if try_only else "0", self.notify_flag, ("2" if resume else "1") if fresh else "0", previous,
-                workflow]
+                workflow, "1" if cuts_own else "0"]
 
     def member_of(self, waiter_id: str, timeout_ms: int, workflow: str = "") -> str:
         """A waiter's record in the lane's queue, as acquire.lua writes it."""

@@ -73,7 +73,9 @@ class Lane(LaneBase):
                       try_only: bool, fresh: bool = False, previous: str = "", workflow: str = "",
                       resume: bool = False) -> tuple:
         """One acquire script call (see ``acquire_args``)."""
-        args = self.acquire_args(waiter_id, priority, timeout_ms, try_only, fresh, previous, workflow, resume)
+        # The reply's asked holders of this process are cut by this thread (hub.yield_own).
+        args = self.acquire_args(waiter_id, priority, timeout_ms, try_only, fresh, previous, workflow, resume,
+                                 cuts_own=True)
         parsed = self.parse_acquire(self._run("acquire", args, f"acquiring lane {self.key!r}"))
         if parsed[0] == "nostate":
             args[4] = self.width_arg(True)

@@ -15,9 +15,10 @@ learns anything. Then, for each candidate, in the workflow's order:
   its first token must come before the deadline minus the reserve, so a hung
   backend leaves the next candidates their time;
 - a background call whose slot urgent work asked for (``Permit.yield_asked``,
-  :mod:`lanes.lane`) is cut short, its slot released to the urgent waiter,
-  and the request waits again on the same lane, ahead of the background work
-  that came after it (attempt outcome ``yielded``).
+  :mod:`lanes.lane`) is cut short (or, asked before it began, never sent: the
+  asker takes the slot at once, ``Permit.before_use``), its slot released to
+  the urgent waiter, and the request waits again on the same lane, ahead of
+  the background work that came after it (attempt outcome ``yielded``).
 
 Every wait and every call also fits in the walk's budget from delivery (below
 Celery's visibility timeout, :mod:`lanes.routing.budget`): a walk that cannot
@@ -38,7 +39,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from lanes.errors import (
     AcquireCancelled,
@@ -107,6 +108,9 @@ class _Admission:
 
     permit: object | None
     generation: int | None
+    # Called right before the call: False when the slot was asked back (or
+    # lost) before it (Permit.before_use); the backend is then not called.
+    begin: Callable[[], bool] = lambda: True
 
 
 class Walker:
@@ -250,7 +254,11 @@ class Walker:
                                 resume)
             if permit is SKIP:
                 return SKIP
-        return _Admission(permit, self._generation(pool, permit, model))
+        # Until the call begins, an urgent waiter that asks for this slot takes
+        # it at once: there is nothing to cut, and no need to wait for this
+        # thread to come back from the steps below to give it back.
+        begin = permit.before_use()
+        return _Admission(permit, self._generation(pool, permit, model), begin)
 
     def _wait(self, route, model, request, last, lane, admission, wait_room, wait_limit, cancel, trace,
               resume=False):
@@ -327,6 +335,9 @@ class Walker:
         started = time.monotonic()
         error: BackendError | None = None
         try:
+            if not admitted.begin():
+                raise LeaseLost(f"the slot on {model.name}'s lane was asked back or lost before the call began; "
+                                "nothing was sent")
             answer = rt.backend.call(model, request.payload, timeout=limits.total,
                                      first_token_timeout=limits.first_token, abort=permit,
                                      task_id=request.task_id)

@@ -11,11 +11,13 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import redis
 
 from lanes import Priority
 from lanes.lane import Lane
+from lanes.lane.base import parse_doorbell
 from lanes.lane.hub import close_hubs
 from tests.lane.test_lane import start_waiter, wait_queued
 from tests.polling import aeventually, eventually
@@ -331,3 +333,86 @@ def test_an_asked_holder_paused_past_its_lease_is_told_lost_and_over_admits_noth
         assert urgent.release()
     finally:
         _end(proc)
+
+
+def test_a_holder_that_has_not_begun_gives_its_slot_on_the_askers_thread_and_may_not_begin(make_lane):
+    # Nobody reads the doorbells and the holder's thread does nothing: the
+    # urgent caller's own thread takes the slot (it would time out otherwise).
+    lane = make_lane(width=1, lease_seconds=30.0)
+    holder = lane.acquire(B, 1.0)
+    begin = holder.before_use()
+    hub = lane._hub
+    assert hub._reader.acquire(timeout=5.0)
+    try:
+        urgent = lane.acquire(I, 5.0)
+    finally:
+        hub._reader.release()
+    assert holder.yield_asked and holder.released
+    assert not begin(), "a slot given back may not be used"
+    assert lane.stats().in_flight == 1
+    urgent.release()
+
+
+def test_a_holder_that_has_begun_keeps_its_slot_until_it_releases(make_lane):
+    lane = make_lane(width=1)
+    holder = lane.acquire(B, 1.0)
+    assert holder.before_use()()
+    _, results = start_waiter(lane, I, name="urgent")
+    eventually(lambda: holder.yield_asked, what="the ask to yield")
+    wait_queued(lane, 1)
+    assert not holder.released and "urgent" not in results
+    assert holder.release()
+    eventually(lambda: results.get("urgent"), what="the urgent grant").release()
+
+
+def test_an_ask_and_a_begin_that_race_settle_on_exactly_one_user_of_the_slot(make_lane):
+    # Either the asker ends the holder's use (and may give the slot back) or
+    # the holder begins (and the asker must leave it), never both, never neither.
+    lane = make_lane(width=1)
+    for _ in range(300):
+        permit = lane.acquire(B, 1.0)
+        begin = permit.before_use()
+        got: dict[str, bool] = {}
+        start = threading.Barrier(2)
+
+        def ask() -> None:
+            start.wait()
+            got["ask"] = permit._ask_yield()
+
+        asker = threading.Thread(target=ask)
+        asker.start()
+        start.wait()
+        got["begin"] = begin()
+        asker.join()
+        assert got["ask"] != got["begin"], got
+        permit.release()
+    assert lane.stats().in_flight == 0
+
+
+def test_an_ask_for_a_holder_of_the_callers_own_process_travels_in_the_reply_only(make_lane):
+    # The urgent caller cuts it itself, so no second thread of its process is
+    # woken by a message to act on the same ask (a holder of another process
+    # still gets one: see the test above). The grant's doorbell still goes.
+    lane = make_lane(width=1)
+    holder = lane.acquire(B, 1.0)
+    holder.on_stop(lambda: True)
+    listener_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
+    listener = listener_client.pubsub(ignore_subscribe_messages=True)
+    try:
+        listener.subscribe(lane._hub.channel)
+        eventually(lambda: listener_client.pubsub_numsub(lane._hub.channel)[0][1] == 2,
+                   what="the listener's subscription beside the hub's")
+        urgent = lane.acquire(I, 5.0)
+        assert holder.yield_asked and holder.released
+        urgent.release()
+        heard = []
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline:
+            message = listener.get_message(timeout=0.1)
+            if message is not None:
+                heard.append(parse_doorbell(message["data"]))
+        assert heard and all(generation is not None for _, generation in heard), heard
+        assert urgent.holder_id in [waiter for waiter, _ in heard], "the grant's doorbell"
+    finally:
+        listener.close()
+        listener_client.close()

@@ -108,3 +108,41 @@ def test_the_walker_waits_in_the_lane_as_the_tasks_workflow(runtime):
     assert books[(Priority.INTERACTIVE, "chat")].waiting == 1
     assert books[(Priority.INTERACTIVE, "")].in_flight == 1  # the test's own holder: the anonymous workflow
     assert results["r"].trace.outcome == "served"
+
+
+def test_a_background_slot_asked_back_before_its_call_goes_to_urgent_work_at_once_and_nothing_is_sent(
+        runtime, sim, monkeypatch):
+    # The background walk holds its slot but is held between its grant and
+    # its call (in the breaker claim). An urgent walk asks for the slot: it
+    # must get it without that thread's help (the lane cap is 0.5 s here,
+    # and the thread is held until the urgent walk is over), and the
+    # background walk, once let go, sends nothing on that slot: it waits
+    # again and is served once.
+    held, go = threading.Event(), threading.Event()
+    claim = runtime.breakers.claim
+
+    def held_claim(name, **kwargs):
+        if threading.current_thread().name == "background" and not go.is_set():
+            held.set()
+            go.wait(10)
+        return claim(name, **kwargs)
+
+    monkeypatch.setattr(runtime.breakers, "claim", held_claim)
+    sent = sim.stats()["m"]["served"]
+    results = {}
+    background = threading.Thread(
+        target=lambda: results.setdefault("background", Walker(runtime).walk(request("memory", Priority.BACKGROUND))),
+        name="background")
+    background.start()
+    try:
+        assert held.wait(5), "the background walk never reached its call"
+        urgent = Walker(runtime).walk(request("chat", Priority.INTERACTIVE))
+    finally:
+        go.set()
+        background.join(10)
+    assert urgent.trace.outcome == "served"
+    steps = results["background"].trace.steps
+    assert [s["action"] for s in steps] == ["yielded", "served"]
+    assert steps[0]["call_ms"] < 1000
+    assert sim.stats()["m"]["served"] == sent + 2
+    assert sim.stats()["m"]["cancelled"] == 0, "nothing was cut at the backend: nothing had been sent"

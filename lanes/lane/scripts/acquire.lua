@@ -15,7 +15,10 @@
 --                      ('' = none), removed so a rejoin makes no second entry
 -- ARGV[10] workflow    the caller's workflow ('' = the anonymous one): its
 --                      share within the priority (lib_share.lua)
--- ARGV[11] run         run_id of the server the caller reached ('' = unknown; lib_base.lua)
+-- ARGV[11] cuts_own    1 = the caller cuts the holders of its own process
+--                      that the reply names as asked (lib_yield.lua): they
+--                      get no message on the wake channel
+-- ARGV[12] run         run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- A queued waiter's member is ARGV[7]:ARGV[3]:ARGV[4]:ARGV[1][:ARGV[10]]
 -- (notify, timeout, its own lease, id, workflow if any): the lease travels
 -- with the entry, so a slot handed to this waiter gets the waiter's lease,
@@ -136,6 +139,8 @@ lower_reap_at(st, wexp)
 -- An urgent caller queued on a full lane: background holders give way.
 local reply = {'queued', fmt(st.epoch), next_event(st, now)}
 if prio < 2 and now >= st.quiet_until then
-  for _, asked in ipairs(ask_yields()) do reply[#reply + 1] = asked end
+  local own_token = nil
+  if ARGV[11] == '1' then own_token = token_of(id) end
+  for _, asked in ipairs(ask_yields(own_token)) do reply[#reply + 1] = asked end
 end
 return reply

@@ -9,10 +9,14 @@ local function parse_waiter(member)
   return notify, tonumber(timeout), id, tonumber(lease), wf
 end
 
+-- The token of the process a waiter or holder id belongs to.
+local function token_of(id)
+  return string.match(id, '^(.*)%.[^.]*$') or id
+end
+
 -- The wake channel of the process a waiter id belongs to.
 local function channel_of(id)
-  local token = string.match(id, '^(.*)%.[^.]*$') or id
-  return string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:' .. token
+  return string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:' .. token_of(id)
 end
 
 -- The server time (ms) at which a waiter queued, from its score (see seq, lib_base.lua).

@@ -22,7 +22,11 @@ local YIELD_SCAN = 256            -- holder entries looked at per call (bounded 
 -- lost; the highest counter, as every holder is of the current epoch).
 -- Returns the ids asked now (the caller's reply names them: a holder in the
 -- caller's own process is cut by the caller at once, lanes/lane/sync.py).
-local function ask_yields()
+-- own_token: the caller's process token when it cuts its own process's
+-- holders from the reply; they get no message then, so that no second
+-- thread of that process wakes to act on the same ask (nil: every holder
+-- asked gets one).
+local function ask_yields(own_token)
   local asked = {}
   local urgent = redis.call('ZCOUNT', K_QUEUE, '-inf', '(' .. fmt(2 * PRIO_SPAN))
   if urgent == 0 then return asked end
@@ -48,7 +52,9 @@ local function ask_yields()
   for j = 1, math.min(want, #free) do
     local id = ids[free[j]]
     redis.call('HSET', K_META, 'y:' .. id, '1')
-    redis.call('PUBLISH', channel_of(id), id)
+    if own_token == nil or token_of(id) ~= own_token then
+      redis.call('PUBLISH', channel_of(id), id)
+    end
     asked[#asked + 1] = id
   end
   if #asked > 0 then redis.call('HINCRBY', K_META, 'yields', #asked) end
