@@ -24,9 +24,12 @@ the book these methods use).
   reply names the holders it asked, and the urgent thread cuts and releases
   those of its own process itself (``yield_own``); a release's reply names
   the waiter it granted, and a waiter of the releasing process takes its
-  grant from there (``deliver_own``). The doorbells still go out (another
-  process, or this one if the shortcut missed, acts on them); a permit
-  acts on the first ask only, and a grant already taken is dropped.
+  grant from there (``deliver_own``). The grant's doorbell still goes out
+  (another process, or this one if the shortcut missed, acts on it; a grant
+  already taken is dropped). The ask does not, for a holder of the asking
+  process: only the asking thread acts on it, and no reader of that process
+  wakes for it (a lost acquire reply then costs the urgent waiter a wait for
+  the next release, as a lost ask would). A permit acts on the first ask only.
 """
 
 from __future__ import annotations
