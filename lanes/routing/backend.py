@@ -133,33 +133,21 @@ class BackendClient:
 
     def _chat(self, model, payload, headers, limit, start, timeout, abort, progress) -> BackendAnswer:
         body = {**payload, "model": model.name, "stream": True}
-        cut = _Cut(abort) if abort is not None else None
-        # Armed on the connection as the request is written (_SteppingStream.write),
-        # so a stop while the backend has not answered yet cuts the call too.
-        _sending.cut = cut
-        try:
-            with self._http.stream(
-                "POST", _url(model, "/chat/completions"), json=body, headers=headers, timeout=limit
-            ) as response:
-                _sending.cut = None
-                if cut is not None:
-                    cut.bind(response.extensions.get("network_stream"))  # where no write armed it
-                try:
-                    if response.status_code >= 400:
-                        response.read()
-                        _raise_for_status(model, response.status_code, response.text)
-                    return self._read_stream(model, response, start, timeout, abort, progress)
-                finally:
-                    if cut is not None:
-                        cut.disarm()  # before the connection goes back to the pool
-        except httpx.HTTPError:
-            if abort is not None and abort.stopping:
-                raise _stopped(model) from None
-            raise
-        finally:
-            _sending.cut = None
-            if cut is not None:
-                cut.disarm()
+        with self._http.stream(
+            "POST", _url(model, "/chat/completions"), json=body, headers=headers, timeout=limit
+        ) as response:
+            unhook = _cut_on_stop(abort, response)
+            try:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for_status(model, response.status_code, response.text)
+                return self._read_stream(model, response, start, timeout, abort, progress)
+            except httpx.HTTPError:
+                if abort is not None and abort.stopping:
+                    raise _stopped(model) from None
+                raise
+            finally:
+                unhook()
 
     def _read_stream(self, model, response, start, timeout, abort, progress) -> BackendAnswer:
         content: list[str] = []
@@ -209,62 +197,42 @@ def _stopped(model: ModelInfo) -> LeaseLost:
     return LeaseLost(f"the slot on {model.name}'s lane was lost or asked back mid-call; call aborted")
 
 
-# The cut of the call this thread is about to send, bound to the connection
-# the request is written on (see _SteppingStream.write).
-_sending = threading.local()
+def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], None]:
+    """Shut the call's connection when ``abort`` stops (from the thread that
+    learns it): the reading thread's blocked read returns at once, and the
+    backend sees its client leave. The hook says True when it shut it (the
+    call is over for the backend, so the slot may go back at once). Returns
+    the function that disarms it, called before the connection goes back to
+    the pool."""
+    if abort is None:
+        return _nothing
+    stream = response.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if sock is None:
+        return _nothing  # the stop is then seen between chunks
+    guard = threading.Lock()
+    armed = [True]
+    handed_over = getattr(abort, "wait_handed_over", None)
 
-
-class _Cut:
-    """Shuts a call's connection when its ``abort`` stops (from the thread
-    that learns it): the reading thread's blocked read returns at once, and
-    the backend sees its client leave. The hook says True when it shut it
-    (the call is over for the backend, so a slot asked back may go at once).
-
-    It is bound to the connection as the request is written on it (or,
-    where the connection is not a :class:`_SteppingStream`, when the
-    answer's head has come), and disarmed before the connection goes back to
-    the pool, so a late stop never cuts the connection's next call."""
-
-    def __init__(self, abort: Abort) -> None:
-        self._abort = abort
-        self._handed_over = getattr(abort, "wait_handed_over", None)
-        self._guard = threading.Lock()
-        self._armed = True
-        self._stream = None
-        self._sock = None
-        self._remove: Callable[[], None] | None = None
-
-    def bind(self, stream) -> None:
-        """Arm the cut on ``stream``'s socket: the connection the request is
-        written on (a connection given up for another moves the cut there)."""
-        if stream is None or stream is self._stream:
-            return
-        sock = stream.get_extra_info("socket")
-        if sock is None:
-            return  # the stop is then seen between chunks
-        if self._remove is not None:
-            self._remove()
-        with self._guard:
-            self._stream, self._sock = stream, sock
-        self._remove = self._abort.on_stop(self._cut)  # runs at once if it already stopped
-
-    def _cut(self) -> bool:
-        with self._guard:
-            if not self._armed:
+    def cut() -> bool:
+        with guard:
+            if not armed[0]:
                 return False
-            if self._handed_over is not None and isinstance(self._stream, _SteppingStream):
-                self._stream.after_cut = lambda: self._handed_over(STEP_ASIDE_SECONDS)  # before the reader can wake
+            if handed_over is not None and isinstance(stream, _SteppingStream):
+                stream.after_cut = lambda: handed_over(STEP_ASIDE_SECONDS)  # before the reader can wake
             try:
-                self._sock.shutdown(socket.SHUT_RDWR)
+                sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass  # already closed: the call is over either way
             return True
 
-    def disarm(self) -> None:
-        if self._remove is not None:
-            self._remove()
-        with self._guard:
-            self._armed = False
+    remove = abort.on_stop(cut)
+
+    def disarm() -> None:
+        remove()
+        with guard:
+            armed[0] = False
+    return disarm
 
 
 def _nothing() -> None:
@@ -272,9 +240,7 @@ def _nothing() -> None:
 
 
 class _SteppingStream(httpcore.NetworkStream):
-    """A connection that a stop can cut from its call's first byte on (the
-    write arms the call's :class:`_Cut`), and whose reading thread steps
-    aside after its call was cut.
+    """A connection whose reading thread steps aside after its call was cut.
 
     An urgent request takes a background call's slot by shutting that call's
     connection, then releasing the slot to itself. The shut connection wakes
@@ -299,11 +265,6 @@ class _SteppingStream(httpcore.NetworkStream):
                 after()
 
     def write(self, buffer: bytes, timeout: float | None = None) -> None:
-        cut = getattr(_sending, "cut", None)
-        if cut is not None:
-            # A call made under an abort is written here: from now on a stop
-            # cuts this connection, whether or not the backend has answered.
-            cut.bind(self)
         self._inner.write(buffer, timeout)
 
     def close(self) -> None:
