@@ -6,9 +6,10 @@
 -- back, one per urgent waiter: it marks the holder (meta y:<id>) and
 -- publishes its id alone on its process's wake channel (a grant there is
 -- "<id> <epoch> <counter>"; lanes/lane/doorbell.py), unless the caller cuts
--- the holders of its own process from the reply (see ask_yields). The holder aborts its
--- call and releases; the release hands the slot to the head waiter, the
--- urgent one, so the lane never holds more than its width. The holder then
+-- the holders of its own process from the reply (see ask_yields). The
+-- holder aborts its call and releases; the release hands the slot to the
+-- head waiter, the urgent one, so the lane never holds more than its
+-- width. The holder then
 -- queues again at the head of its priority (acquire.lua, fresh '2'), with
 -- an id ending in 'y' (lanes/lane/base.py YIELDED_ONCE): such a holder is
 -- never asked again, so a background call is cut at most once per
