@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import threading
 import time
 
@@ -38,7 +39,7 @@ from workers.metrics import MetricsEndpoint
 from workers.outcome import RESULT_STORE_RETRY, patient_backend_url, publish_retry
 from workers.prefetch import ForegroundPrefetch
 from workers.presence import PresenceHeartbeat
-from workers.runs import RunLeases
+from workers.runs import RunLeases, Started
 
 log = logging.getLogger("lanes.worker")
 
@@ -189,8 +190,9 @@ def create_app(
 
     # ``throws``: outcomes a routed task ends with by design, logged in one
     # line instead of as an unexpected error with a traceback.
+    # ``track_started=False``: the run claim stores STARTED (workers/runs.py).
     @app.task(name=ROUTE_TASK, bind=True, acks_late=True, max_retries=None, reject_on_worker_lost=True,
-              throws=(DeadlineExpired, CandidatesExhausted, CapacityWaitTimeout))
+              track_started=False, throws=(DeadlineExpired, CandidatesExhausted, CapacityWaitTimeout))
     def route(self, message: dict) -> dict:
         return run_routed(self, context, RouteRequest.from_message(message))
 
@@ -214,9 +216,10 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
         runtime = context.runtime()
         walker = Walker(runtime)
         try:
-            lease = context.runs().claim(task_id)
-            if _finished(task, task_id):
+            claim = context.runs().claim(task_id, _started(task))
+            if claim.finished is not None:
                 raise Ignore()  # a late copy of a task that already ended
+            lease = claim.token
             if lease is None:
                 # Another delivery runs this task now (the broker handed it out
                 # again): look again later, in case that one dies.
@@ -273,13 +276,17 @@ def count_retry(walker: Walker | None, request: RouteRequest, reason: str) -> No
         log.warning("could not count the retry of %s", request.task_id, exc_info=True)
 
 
-def _finished(task, task_id: str) -> bool:
-    """Whether the task already ended (a copy delivered after its end must not run)."""
-    try:
-        return task.backend.get_state(task_id) in states.READY_STATES
-    except Exception:  # unknown: the run lease still keeps two deliveries apart
-        log.warning("could not read the state of %s", task_id, exc_info=True)
-        return False
+def _started(task) -> Started:
+    """The STARTED result Celery's tracer stores for a task that tracks it
+    (``trace.py``: the process id and the worker's name), built and encoded
+    by the task's own result backend."""
+    backend = task.backend
+    request = task.request
+    meta = backend._get_result_meta(result={"pid": os.getpid(), "hostname": request.hostname},
+                                    state=states.STARTED, traceback=None, request=request)
+    meta["task_id"] = request.id
+    return Started(key=backend.get_key_for_task(request.id), value=backend.encode(meta),
+                   ttl_seconds=int(backend.expires or 0))
 
 
 def _carrying(request: RouteRequest, called: list[str], **changes) -> dict:

@@ -134,6 +134,17 @@ def test_a_hosted_model_is_called_without_a_lane(dep):
     assert "wait_ms" not in served_step(report) or served_step(report)["wait_ms"] is None
 
 
+def test_a_routed_task_reads_started_while_it_waits_or_runs_then_its_answer(dep):
+    # The run claim stores STARTED (the route task does not leave it to Celery's tracer).
+    results = [dep.client.submit("memory", CHAT) for _ in range(4)]  # width 2, 300 ms calls
+    started = eventually(lambda: next((r for r in results if r.state == "STARTED"), None), timeout=20.0,
+                         interval=0.02, what="a task to read STARTED")
+    assert started.info["hostname"].startswith("gpu-a@") and started.info["pid"] > 0
+    reports = [finish(dep, r, 60) for r in results]
+    assert [r["state"] for r in reports] == ["SUCCESS"] * 4
+    assert all(r.state == "SUCCESS" for r in results)
+
+
 # --- width and priority ---------------------------------------------------------------
 
 
