@@ -18,10 +18,17 @@
 --! include queue
 
 local YIELD_SCAN = 256            -- holder entries looked at per call (bounded work)
+-- A holder granted less than this long ago has usually not had its call's
+-- answer head yet, and a call is cut only from then on (lanes/routing/
+-- backend.py): asking it made the urgent waiter wait for that head, 4-8 ms
+-- in 8 % of the priority benchmark's backlog samples (docs/BENCHMARKS.md,
+-- tenth round), against about 1 ms for a holder that can be cut at once.
+local YIELD_MIN_AGE_MS = 20
 
 -- Ask as many background holders to yield as urgent waiters wait beyond
 -- those already asked: the most recently granted first (the least work
--- lost; the highest counter, as every holder is of the current epoch).
+-- lost; the highest counter, as every holder is of the current epoch),
+-- those granted YIELD_MIN_AGE_MS ago or earlier before younger ones.
 -- Returns the ids asked now (the caller's reply names them: a holder in the
 -- caller's own process is cut by the caller at once, lanes/lane/sync.py).
 -- own_token: the caller's process token when it cuts its own process's
@@ -33,12 +40,14 @@ local function ask_yields(own_token)
   local urgent = redis.call('ZCOUNT', K_QUEUE, '-inf', '(' .. fmt(2 * PRIO_SPAN))
   if urgent == 0 then return asked end
   local flat = redis.call('HSCAN', K_HINFO, 0, 'COUNT', YIELD_SCAN)[2]
-  local ids, counters, fields = {}, {}, {}
+  local ids, counters, young, fields = {}, {}, {}, {}
+  local young_after = now_ms() - YIELD_MIN_AGE_MS
   for i = 1, #flat, 2 do
-    local counter, prio = string.match(flat[i + 1], '^%d+:(%d+):%d+:(%d+)')
+    local counter, granted, prio = string.match(flat[i + 1], '^%d+:(%d+):(%d+):(%d+)')
     if prio == '2' and string.byte(flat[i], -1) ~= 121 then   -- 121: 'y', yielded once
       ids[#ids + 1] = flat[i]
       counters[#counters + 1] = tonumber(counter)
+      young[#young + 1] = tonumber(granted) > young_after
       fields[#fields + 1] = 'y:' .. flat[i]
     end
   end
@@ -50,7 +59,10 @@ local function ask_yields(own_token)
     if marks[i] then want = want - 1 else free[#free + 1] = i end
   end
   if want <= 0 or #free == 0 then return asked end
-  table.sort(free, function(a, b) return counters[a] > counters[b] end)
+  table.sort(free, function(a, b)
+    if young[a] ~= young[b] then return young[b] end
+    return counters[a] > counters[b]
+  end)
   for j = 1, math.min(want, #free) do
     local id = ids[free[j]]
     redis.call('HSET', K_META, 'y:' .. id, '1')
