@@ -31,6 +31,7 @@ from importlib.resources import files
 import redis
 
 from lanes.errors import RedisUnavailable
+from lanes.lane.base import text
 from lanes.namespace import Namespace
 from lanes.redis_conn import REDIS_UNAVAILABLE
 
@@ -79,12 +80,11 @@ class RunLeases:
                                 args=[token, self._ttl_ms, started.value, started.ttl_seconds])
         except REDIS_UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis did not answer the run lease of task {task_id}: {exc}") from exc
-        outcome = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+        outcome = text(reply[0])
         if outcome == "run":
             return Claim(token=token)
         if outcome == "finished":
-            state = reply[1]
-            return Claim(finished=state.decode() if isinstance(state, bytes) else state)
+            return Claim(finished=text(reply[1]))
         return Claim()
 
     def release(self, task_id: str, token: str) -> None:

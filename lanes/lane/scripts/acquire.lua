@@ -141,6 +141,6 @@ local reply = {'queued', fmt(st.epoch), next_event(st, now)}
 if prio < 2 and now >= st.quiet_until then
   local own_token = nil
   if ARGV[11] == '1' then own_token = token_of(id) end
-  for _, asked in ipairs(ask_yields(own_token)) do reply[#reply + 1] = asked end
+  for _, asked in ipairs(ask_yields(own_token, now)) do reply[#reply + 1] = asked end
 end
 return reply

@@ -34,14 +34,14 @@ local YIELD_MIN_AGE_MS = 20
 -- own_token: the caller's process token when it cuts its own process's
 -- holders from the reply; they get no message then, so that no second
 -- thread of that process wakes to act on the same ask (nil: every holder
--- asked gets one).
-local function ask_yields(own_token)
+-- asked gets one). now: the server time in ms, as the caller read it.
+local function ask_yields(own_token, now)
   local asked = {}
   local urgent = redis.call('ZCOUNT', K_QUEUE, '-inf', '(' .. fmt(2 * PRIO_SPAN))
   if urgent == 0 then return asked end
   local flat = redis.call('HSCAN', K_HINFO, 0, 'COUNT', YIELD_SCAN)[2]
   local ids, counters, young, fields = {}, {}, {}, {}
-  local young_after = now_ms() - YIELD_MIN_AGE_MS
+  local young_after = now - YIELD_MIN_AGE_MS
   for i = 1, #flat, 2 do
     local counter, granted, prio = string.match(flat[i + 1], '^%d+:(%d+):(%d+):(%d+)')
     if prio == '2' and string.byte(flat[i], -1) ~= 121 then   -- 121: 'y', yielded once
