@@ -136,12 +136,17 @@ class BackendClient:
         with self._http.stream(
             "POST", _url(model, "/chat/completions"), json=body, headers=headers, timeout=limit
         ) as response:
-            unhook = _cut_on_stop(abort, response)
+            unhook, shuts = _cut_on_stop(abort, response)
             try:
                 if response.status_code >= 400:
                     response.read()
                     _raise_for_status(model, response.status_code, response.text)
-                return self._read_stream(model, response, start, timeout, abort, progress)
+                # A call whose connection the stop shuts reads on to the end of
+                # what had arrived: an answer complete by then is served, not
+                # thrown away (the backend did the work; calling it again would
+                # do it twice). The shut connection ends the read at once.
+                return self._read_stream(model, response, start, timeout, None if shuts else abort, progress,
+                                         stopped=abort)
             except httpx.HTTPError:
                 if abort is not None and abort.stopping:
                     raise _stopped(model) from None
@@ -149,12 +154,17 @@ class BackendClient:
             finally:
                 unhook()
 
-    def _read_stream(self, model, response, start, timeout, abort, progress) -> BackendAnswer:
+    def _read_stream(self, model, response, start, timeout, abort, progress, stopped=None) -> BackendAnswer:
+        """Assemble a stream's answer. ``abort`` is checked between chunks (a
+        call whose connection cannot be shut); ``stopped``, once the stream
+        ended short of ``[DONE]``: a stopped call's read ends where the shut
+        connection did."""
         content: list[str] = []
         ttft = None
         chunks = 0
         finish_reason = None
         usage = None
+        done = False
         for line in response.iter_lines():
             if abort is not None and abort.stopping:
                 raise _stopped(model)
@@ -165,6 +175,7 @@ class BackendClient:
                 continue
             data = line[5:].strip()
             if data == "[DONE]":
+                done = True
                 break
             chunk = json.loads(data)
             if "error" in chunk:
@@ -178,6 +189,8 @@ class BackendClient:
                     content.append(delta["content"])
                 finish_reason = choice.get("finish_reason") or finish_reason
             usage = chunk.get("usage") or usage
+        if not done and stopped is not None and stopped.stopping:
+            raise _stopped(model)
         answer = {
             "model": model.name,
             "choices": [
@@ -197,19 +210,20 @@ def _stopped(model: ModelInfo) -> LeaseLost:
     return LeaseLost(f"the slot on {model.name}'s lane was lost or asked back mid-call; call aborted")
 
 
-def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], None]:
+def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> tuple[Callable[[], None], bool]:
     """Shut the call's connection when ``abort`` stops (from the thread that
-    learns it): the reading thread's blocked read returns at once, and the
-    backend sees its client leave. The hook says True when it shut it (the
-    call is over for the backend, so the slot may go back at once). Returns
-    the function that disarms it, called before the connection goes back to
-    the pool."""
+    learns it): the reading thread's blocked read returns what had arrived,
+    then the end, and the backend sees its client leave. The hook says True
+    when it shut it (the call is over for the backend, so the slot may go
+    back at once). Returns the function that disarms it, called before the
+    connection goes back to the pool, and whether a stop shuts the
+    connection (if not, the stop is seen between chunks)."""
     if abort is None:
-        return _nothing
+        return _nothing, False
     stream = response.extensions.get("network_stream")
     sock = stream.get_extra_info("socket") if stream is not None else None
     if sock is None:
-        return _nothing  # the stop is then seen between chunks
+        return _nothing, False
     guard = threading.Lock()
     armed = [True]
     handed_over = getattr(abort, "wait_handed_over", None)
@@ -232,7 +246,7 @@ def _cut_on_stop(abort: Abort | None, response: httpx.Response) -> Callable[[], 
         remove()
         with guard:
             armed[0] = False
-    return disarm
+    return disarm, True
 
 
 def _nothing() -> None:

@@ -266,3 +266,59 @@ def test_an_error_inside_a_streamed_2xx_keeps_an_overload_status(client, code, s
         client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5)
     assert caught.value.status == status and not caught.value.request_rejected
     assert isinstance(caught.value, BackendOverloaded) == overloaded
+
+
+@contextmanager
+def held_stream_backend(body: bytes, before_answer):
+    """A backend that runs ``before_answer()`` once the request is in, then
+    sends ``body`` as one chunk of an event stream and holds the connection
+    open (no end of the stream), so a reader can only end it by [DONE] or by
+    shutting the connection."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Backend(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["content-length"]))
+            before_answer()
+            head = (b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                    + f"{len(body):x}\r\n".encode() + body + b"\r\n")
+            self.wfile.write(head)  # one write: the answer arrives with the headers
+            self.wfile.flush()
+            time.sleep(3.0)
+            self.close_connection = True
+
+        def log_message(self, *args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Backend)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield ModelInfo(name="h", base_url=f"http://127.0.0.1:{server.server_port}/v1", kind="chat", pool=None,
+                        service=None, timeout_seconds=5.0, api_key_env=None)
+    finally:
+        server.shutdown()
+
+
+ANSWER = b'data: {"choices": [{"delta": {"content": "done"}, "finish_reason": "stop"}]}\n\n'
+
+
+def test_a_call_asked_back_after_its_whole_answer_arrived_is_served(client):
+    # The backend finished the work: throwing the answer away would make the
+    # walk call it a second time for the same task.
+    stop = Stop()
+    with held_stream_backend(ANSWER + b"data: [DONE]\n\n", stop.stop) as hosted:
+        started = time.monotonic()
+        answer = client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5, abort=stop)
+    assert answer.body["choices"][0]["message"]["content"] == "done"
+    assert stop.stopping and time.monotonic() - started < 2.0, "read to [DONE], not to the backend's close"
+
+
+def test_a_call_asked_back_before_its_answer_ended_is_cut_at_the_end_of_what_arrived(client):
+    stop = Stop()
+    with held_stream_backend(ANSWER, stop.stop) as hosted, pytest.raises(LeaseLost):
+        started = time.monotonic()
+        client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5, abort=stop)
+    assert time.monotonic() - started < 2.0, "the shut connection ended the read, not the backend's close"
