@@ -95,8 +95,10 @@ def throughput(bench: Bench, n: int, rounds: int) -> dict:
 def routed_admission(dep, samples: int, rng: random.Random) -> dict[str, list[float]]:
     """Submit-to-admission of each request, and its parts: publish (the
     client's submit call), delivery (submit to the walk's start: publish,
-    broker and worker) and the wait in the lane."""
-    parts: dict[str, list[float]] = {"admission": [], "publish": [], "delivery": [], "lane_wait": []}
+    broker and worker) and the wait in the lane; ``asked`` holds the
+    admissions that asked a background holder for its slot (1.0) and those
+    that found one free (0.0)."""
+    parts: dict[str, list[float]] = {"admission": [], "publish": [], "delivery": [], "lane_wait": [], "asked": []}
     for _ in range(samples):
         time.sleep(rng.uniform(0.1, 0.3))
         sent = time.time()
@@ -109,6 +111,7 @@ def routed_admission(dep, samples: int, rng: random.Random) -> dict[str, list[fl
         parts["admission"].append(served["admitted_at"] - sent)
         parts["delivery"].append(trace["started_at"] - sent)
         parts["lane_wait"].append(served["wait_ms"] / 1000)
+        parts["asked"].append(1.0 if served.get("asked_yield") else 0.0)
     return parts
 
 
@@ -153,6 +156,14 @@ def priority(bench: Bench, samples: int, fifo_samples: int) -> dict:
                     out[f"routed_{case}_{part}_p50_p99_ms"] = [round(p(parts[part], q) * 1000, 1) for q in (50, 99)]
                 out[f"routed_{case}_admitted_at_once"] = round(
                     sum(1 for w in parts["lane_wait"] if w < 0.002) / len(parts["lane_wait"]), 3)
+                # A lane kept full by W closed-loop clients still has a slot
+                # free between one client's answer and its next task; a
+                # backlog never does. Like with like: the admissions that had
+                # to ask a background holder for its slot, in each case.
+                asked = [a for a, flag in zip(parts["admission"], parts["asked"]) if flag]
+                out[f"routed_{case}_asked_yield_share"] = round(len(asked) / len(parts["asked"]), 3)
+                out[f"routed_{case}_asked_yield_p50_p99_ms"] = (
+                    [round(p(asked, q) * 1000, 1) for q in (50, 99)] if asked else None)
             out["max_in_flight_seen"] = sim.stats()["m"]["max_in_flight"]
         finally:
             dep.close()
@@ -172,6 +183,9 @@ def priority(bench: Bench, samples: int, fifo_samples: int) -> dict:
     finally:
         sim.stop()
     out["routed_ratio_p99"] = round(out["routed_backlog_p99_ms"] / out["routed_saturated_p99_ms"], 3)
+    if out.get("routed_saturated_asked_yield_p50_p99_ms") and out.get("routed_backlog_asked_yield_p50_p99_ms"):
+        out["routed_ratio_p99_asked_yield"] = round(
+            out["routed_backlog_asked_yield_p50_p99_ms"][1] / out["routed_saturated_asked_yield_p50_p99_ms"][1], 3)
     # Without preemption (README, "Urgent work takes a background slot") a lane kept
     # full would admit an urgent request only at the next release: with W calls of a
     # fixed service S at independent phases, the wait exceeds t with probability

@@ -302,6 +302,7 @@ class AsyncLane(LaneBase):
         # hub only once the script says we wait (the hub keeps an early doorbell).
         queued = True  # until the first reply says otherwise; then: in the queue, no outcome yet
         registered = False
+        asked_yield = False  # a reply named background holders asked for a slot (Permit.asked_yield)
         event = relay = None
         try:
             parsed = await self._acquire_call(hub, waiter.id, priority, timeout_ms, False, True, workflow=workflow,
@@ -315,6 +316,7 @@ class AsyncLane(LaneBase):
                     return self._permit(hub, waiter.id, parsed[1], priority, started, started + self.lease_seconds,
                                         workflow)
                 waiter.epoch = parsed[1]
+                asked_yield = asked_yield or bool(parsed[3])
                 if not registered:
                     event = asyncio.Event()
                     waiter.wake = event.set
@@ -332,6 +334,7 @@ class AsyncLane(LaneBase):
                     # Bounded by the last call that found us queued (see Lane._start_granted_lease).
                     permit = self._permit(hub, waiter.id, outcome[1], priority, started,
                                           waiter.renewed_at + self.lease_seconds, workflow)
+                    permit.asked_yield = asked_yield
                     if time.monotonic() > permit._lease_until:
                         permit._mark_lost()
                     return permit

@@ -78,6 +78,10 @@ class Permit:
         self._released = False
         self._release_lock = threading.Lock()
         self.yield_asked = False
+        # Its acquire found the lane full and asked background holders for a
+        # slot (scripts/lib_yield.lua): a trace tells a preempting admission
+        # from one that found a slot free or waited its turn.
+        self.asked_yield = False
         self._stop_hooks: list[Callable[[], bool | None]] | None = None
         self._handover: threading.Event | None = None  # set once a slot asked back was given back
 

@@ -176,6 +176,7 @@ class Lane(LaneBase):
         # grant: the doorbell's path runs cold after a long sleep.
         permit = Permit(self, holder_id=waiter.id, generation=None, priority=waiter.priority,
                         waited_seconds=0.0, lease_until=0.0, workflow=waiter.workflow)
+        permit.asked_yield = bool(asked)
         try:
             if isinstance(cancel, CancelEvent):
                 cancel.add_callback(wake)
@@ -222,6 +223,7 @@ class Lane(LaneBase):
                 waiter.renewed_at = sent_at
                 hub.note_event(self, parsed[2])
                 if parsed[3]:
+                    permit.asked_yield = True
                     hub.yield_own(parsed[3])
         except BaseException:
             if queued:

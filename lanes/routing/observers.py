@@ -46,6 +46,8 @@ class Attempt:
     the request drew under the failover share (:mod:`lanes.routing.share`):
     the share's generation at the draw. ``no_first_token_by`` is the
     first-token limit (seconds) that fired, when the call ended for want of one.
+    ``asked_yield``: the lane was full and the admission asked background
+    holders for a slot (preemption, README "Urgent work takes a background slot").
     """
 
     workflow: str
@@ -65,6 +67,7 @@ class Attempt:
     admitted_at: float | None = None
     share_generation: int | None = None
     no_first_token_by: float | None = None
+    asked_yield: bool = False
 
     @property
     def backend_fault(self) -> bool:

@@ -52,6 +52,8 @@ class Trace(BaseObserver):
             detail.update(reason=attempt.reason, status=attempt.status, call_ms=_ms(attempt.call_seconds))
         if attempt.trial is not None:
             detail["breaker_trial"] = True
+        if attempt.asked_yield:
+            detail["asked_yield"] = True
         self.step(attempt.model, attempt.pool, attempt.outcome, **detail)
 
     def on_bypass(self, bypass: Bypass) -> None:

@@ -330,6 +330,7 @@ class Walker:
             pool_id=pool.id if pool else None, priority=request.priority, generation=admitted.generation,
             task_id=request.task_id, trial=claim.trial, admitted_at=now,
             wait_seconds=permit.waited_seconds if permit is not None else None,
+            asked_yield=permit is not None and permit.asked_yield,
             share_generation=self._share.generation if self._share and model is route.candidates[0] else None,
         )
         started = time.monotonic()

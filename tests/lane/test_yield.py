@@ -41,6 +41,8 @@ def test_an_urgent_waiter_asks_the_newest_background_holder_and_gets_its_slot(ma
     assert newer.release()
     urgent = eventually(lambda: results.get("urgent"), what="the urgent grant")
     assert urgent.priority is I
+    assert urgent.asked_yield, "the grant says it asked background work for its slot"
+    assert not older.asked_yield and not newer.asked_yield, "a free slot asks nobody"
     assert lane.stats().in_flight == 2
     urgent.release()
     older.release()
@@ -275,6 +277,7 @@ async def test_an_asyncio_holder_is_asked_and_resumes_ahead(make_async_lane):
     await aeventually(lambda: holder.yield_asked, what="the ask to an asyncio holder")
     await holder.release()
     granted = await urgent
+    assert granted.asked_yield and not holder.asked_yield
     resumed = asyncio.create_task(lane.acquire(B, 5.0, resume=True))
     await asyncio.sleep(0)
     while (await lane.stats()).queued_total < 2:

@@ -141,8 +141,10 @@ def test_a_background_slot_asked_back_before_its_call_goes_to_urgent_work_at_onc
         go.set()
         background.join(10)
     assert urgent.trace.outcome == "served"
+    assert urgent.trace.steps[-1].get("asked_yield") is True, "the urgent step says it took a background slot"
     steps = results["background"].trace.steps
     assert [s["action"] for s in steps] == ["yielded", "served"]
+    assert not any(s.get("asked_yield") for s in steps)
     assert steps[0]["call_ms"] < 1000
     assert sim.stats()["m"]["served"] == sent + 2
     assert sim.stats()["m"]["cancelled"] == 0, "nothing was cut at the backend: nothing had been sent"
