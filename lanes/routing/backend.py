@@ -145,8 +145,7 @@ class BackendClient:
                 # what had arrived: an answer complete by then is served, not
                 # thrown away (the backend did the work; calling it again would
                 # do it twice). The shut connection ends the read at once.
-                return self._read_stream(model, response, start, timeout, None if shuts else abort, progress,
-                                         stopped=abort)
+                return self._read_stream(model, response, start, timeout, abort, progress, shuts)
             except httpx.HTTPError:
                 if abort is not None and abort.stopping:
                     raise _stopped(model) from None
@@ -154,11 +153,11 @@ class BackendClient:
             finally:
                 unhook()
 
-    def _read_stream(self, model, response, start, timeout, abort, progress, stopped=None) -> BackendAnswer:
-        """Assemble a stream's answer. ``abort`` is checked between chunks (a
-        call whose connection cannot be shut); ``stopped``, once the stream
-        ended short of ``[DONE]``: a stopped call's read ends where the shut
-        connection did."""
+    def _read_stream(self, model, response, start, timeout, abort, progress, shuts: bool) -> BackendAnswer:
+        """Assemble a stream's answer. A stop is checked between chunks when
+        it cannot shut the connection (``shuts`` False); otherwise the read
+        ends where the shut connection did, and only an answer short of
+        ``[DONE]`` counts as stopped."""
         content: list[str] = []
         ttft = None
         chunks = 0
@@ -166,7 +165,7 @@ class BackendClient:
         usage = None
         done = False
         for line in response.iter_lines():
-            if abort is not None and abort.stopping:
+            if not shuts and abort is not None and abort.stopping:
                 raise _stopped(model)
             if time.monotonic() - start > timeout:
                 raise BackendTimeout(f"{model.name} did not finish within {timeout:.1f}s", model.name,
@@ -189,7 +188,7 @@ class BackendClient:
                     content.append(delta["content"])
                 finish_reason = choice.get("finish_reason") or finish_reason
             usage = chunk.get("usage") or usage
-        if not done and stopped is not None and stopped.stopping:
+        if not done and abort is not None and abort.stopping:
             raise _stopped(model)
         answer = {
             "model": model.name,
