@@ -409,7 +409,8 @@ class AsyncLane(LaneBase):
         hub = owner._hub_cache if owner._hub_cache is not None else _hub_for(owner.client, owner.prefix)
         hub.book.remove_holder(owner, permit.holder_id)
         gen = permit.generation
-        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms]
+        # own=0: the asyncio hub takes every grant from its doorbell.
+        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms, 0]
         sent_at = time.monotonic()
         try:
             reply = await self._script("release", args)

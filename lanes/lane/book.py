@@ -252,12 +252,21 @@ class Book:
             return False
         return self._grant(waiter, generation, now)
 
-    def deliver_own(self, waiter_id: str, generation: Generation, now: float) -> bool:
+    def deliver_own(self, waiter_id: str, generation: Generation, now: float, *, rang: bool = True) -> bool:
         """Hand a grant read from a release's reply to its waiter, if it waits
-        here with no outcome yet (else the doorbell, which always follows,
-        does what it must: an early grant is kept for a waiter still to
-        register)."""
+        here with no outcome yet. ``rang``: its doorbell went out too, and
+        is dropped when it comes (else the doorbell, which follows, does
+        what it must). Without a doorbell the reply is the only word, so a
+        waiter still to register (its acquire's reply not yet read) finds
+        the grant kept for it, as it would a doorbell that came first."""
         waiter = self._waiter(waiter_id)
+        if not rang:
+            if waiter is None:
+                self.unclaimed[waiter_id] = ("granted", generation, now)
+                if len(self.unclaimed) > UNCLAIMED_KEEP:
+                    del self.unclaimed[next(iter(self.unclaimed))]
+                return False
+            return self._grant(waiter, generation, now)
         if waiter is None or not self._grant(waiter, generation, now):
             return False
         if len(self.delivered) >= UNCLAIMED_KEEP:

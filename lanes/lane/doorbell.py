@@ -24,12 +24,15 @@ the book these methods use).
   reply names the holders it asked, and the urgent thread cuts and releases
   those of its own process itself (``yield_own``); a release's reply names
   the waiter it granted, and a waiter of the releasing process takes its
-  grant from there (``deliver_own``). The grant's doorbell still goes out
-  (another process, or this one if the shortcut missed, acts on it; a grant
-  already taken is dropped). The ask does not, for a holder of the asking
-  process: only the asking thread acts on it, and no reader of that process
-  wakes for it (a lost acquire reply then costs the urgent waiter a wait for
-  the next release, as a lost ask would). A permit acts on the first ask only.
+  grant from there (``deliver_own``, kept for a waiter still to register).
+  Neither rings this process's doorbell: only the thread that read the reply
+  acts, and no reader wakes for a message that repeats it (in a background
+  drain, one handoff = one release's reply, not also a doorbell read by a
+  parked thread). A lost reply is covered otherwise: a lost acquire reply
+  costs the urgent waiter a wait for the next release, as a lost ask would;
+  after a lost release reply the hub renews its waiters at once (a renewal
+  finds a grant) and the re-sent release rings for any grant of its own. A
+  permit acts on the first ask only.
 """
 
 from __future__ import annotations
@@ -245,12 +248,13 @@ class DoorbellReader:
             if holder_id.startswith(mine):
                 self._ask_yield(holder_id)
 
-    def deliver_own(self, waiter_id: str, generation) -> None:
+    def deliver_own(self, waiter_id: str, generation, *, rang: bool) -> None:
         """A release's reply granted ``waiter_id``: if it waits in this
-        process, it has its grant now, not after the doorbell's trip."""
+        process, it has its grant now, not after the doorbell's trip (and
+        with no doorbell at all when ``rang`` is False)."""
         if waiter_id.startswith(self.token + "."):
             with self.lock:
-                self.book.deliver_own(waiter_id, generation, time.monotonic())
+                self.book.deliver_own(waiter_id, generation, time.monotonic(), rang=rang)
 
     def _ask_yield(self, holder_id: str) -> None:
         """An urgent waiter asks our holder ``holder_id`` for its slot."""

@@ -182,6 +182,11 @@ class SyncHub(DoorbellReader, Renewer):
         self.book.orphan("the process forked: this wait belongs to the parent")
 
     def _on_reconnect(self, connection) -> None:
+        self.renew_waiters_now()
+
+    def renew_waiters_now(self) -> None:
+        """Renew every waiter of this hub at once: a renewal finds a grant
+        whose word was lost (a doorbell while reconnecting, a release's reply)."""
         with self._cond:
             self.book.kick_all()
             self._cond.notify_all()

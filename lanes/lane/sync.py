@@ -289,7 +289,11 @@ class Lane(LaneBase):
         if not permit._claim_release():
             return False
         gen = permit.generation
-        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms]
+        owner = permit._lane  # the lane (and so the hub) that renews this permit
+        # own=1: a grant to a waiter of the permit's hub (the holder id's
+        # token) comes back in the reply only, with no doorbell, and is
+        # handed over below.
+        args = [permit.holder_id, gen.epoch, gen.counter, self.lease_ms, 1]
         sent_at = time.monotonic()
         try:
             try:
@@ -298,7 +302,12 @@ class Lane(LaneBase):
                 # Asked again (fenced: it changes nothing if the lost call ran).
                 # Sent within the local lease, the lost call found the holder
                 # entry still there (the server's lease ends later), so an
-                # entry gone now was released by it.
+                # entry gone now was released by it. The lost call may have
+                # granted a waiter of ours without a doorbell: every waiter
+                # of the hub renews at once, and a renewal finds such a
+                # grant; this call rings for any grant of its own.
+                owner._hub.renew_waiters_now()
+                args[4] = 0
                 reply = self._run("release", args, f"releasing on lane {self.key!r}")
                 if not int(reply[0]) and sent_at <= permit._lease_until and not permit._lost:
                     reply = [1, reply[1]]
@@ -307,12 +316,12 @@ class Lane(LaneBase):
         finally:
             # After the call, off the handoff's path: a renewal racing it skips
             # the permit (it is marked released), so this order is safe.
-            owner = permit._lane  # the lane (and so the hub) that renews this permit
             owner._hub.remove_holder(owner, permit.holder_id)
         if len(reply) > 3:
             # The slot went to a waiter, maybe one of our own process: it
-            # takes its grant from here rather than from the doorbell.
-            self._hub.deliver_own(text(reply[2]), Generation(int(reply[3]), int(reply[4])))
+            # takes its grant from here (for a waiter of ours, the only word
+            # of it unless the doorbell rang too).
+            owner._hub.deliver_own(text(reply[2]), Generation(int(reply[3]), int(reply[4])), rang=int(reply[5]) == 1)
         elif int(reply[1]):
             self._hand_off_rest()
         return int(reply[0]) == 1

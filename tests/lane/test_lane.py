@@ -71,7 +71,7 @@ def test_release_is_idempotent_and_a_stale_generation_changes_nothing(make_lane)
     holder = lane.acquire(I, 1.0)
     # A forged release with an older generation of the same holder id.
     script_release = lane._script("release", [holder.holder_id, holder.generation.epoch,
-                                              holder.generation.counter - 1, lane.lease_ms])
+                                              holder.generation.counter - 1, lane.lease_ms, 1])
     assert int(script_release[0]) == 0
     assert lane.stats().in_flight == 1
     holder.release()

@@ -97,16 +97,18 @@ def test_a_release_whose_reply_was_lost_reports_that_it_worked(lanes_via_proxy, 
     assert permit.release() is False, "a second release still says it did nothing"
 
 
-def test_an_urgent_waiter_whose_own_cut_lost_the_release_reply_takes_its_grant_from_the_doorbell(
+def test_an_urgent_waiter_whose_own_cut_lost_the_release_reply_takes_its_grant_from_a_renewal(
         lanes_via_proxy, fault_proxy):
     # The urgent thread cuts and releases a holder of its own process
-    # (Lane._wait_queued); the release's reply, which would name its grant,
-    # is lost. The re-sent release names nothing, and the doorbell brings it.
+    # (Lane._wait_queued); the release's reply, the only word of a grant
+    # within one process, is lost. The re-sent release names nothing; the
+    # hub renews its waiters at once, and the renewal finds the grant (the
+    # regular renewal is 3.3 s away with a 10 s lease, past the 2 s budget).
     proxied, direct = lanes_via_proxy(width=1, lease=10.0)
     holder = proxied.acquire(Priority.BACKGROUND, timeout=2.0)
     holder.on_stop(lambda: True)  # "the call was cut here"
     fault_proxy.drop_reply_to(sha("release"))
-    urgent = proxied.acquire(I, timeout=5.0)
+    urgent = proxied.acquire(I, timeout=2.0)
     assert fault_proxy.dropped == 1
     assert holder.released and urgent.generation > holder.generation
     assert books(direct) == (1, 1, 0), "one holder, counted once"

@@ -11,8 +11,11 @@ acquire / release / cancel / timeout / resize / expiry is explored without
 threads. Leases are long (60 s) so nothing expires unless a rule says so;
 "expiry" moves a holder's lease deadline into the past, as a crash would.
 An urgent waiter queued on a full lane asks background holders to yield
-(lib_yield.lua): the model names which, newest grant first, one per urgent
-waiter not yet covered by an ask, and the asks heard must be exactly those.
+(lib_yield.lua): the model names which, those granted 20 ms ago or earlier
+before younger ones, newest grant first within each, one per urgent waiter
+not yet covered by an ask, and the asks heard must be exactly those. Each
+grant's time is pinned (see ``pin_age``) so that which holders count as young
+never depends on how fast the machine runs an example's steps.
 """
 
 from __future__ import annotations
@@ -57,6 +60,7 @@ class Model:
         self.grants = itertools.count()
         self.granted: dict[str, int] = {}  # holder id -> grant order (the script's counter order)
         self.asked: set[str] = set()       # background holders asked to yield
+        self.young: set[str] = set()       # holders granted less than 20 ms ago (LaneMachine.pin_age)
 
     def hold(self, wid: str, priority: int, workflow: str) -> None:
         self.holders[wid] = (priority, workflow)
@@ -65,12 +69,14 @@ class Model:
     def unhold(self, wid: str) -> None:
         self.holders.pop(wid, None)
         self.asked.discard(wid)
+        self.young.discard(wid)
 
     def ask_yields(self) -> list[str]:
         urgent = sum(1 for entry in self.queue if entry[0] < 2)
         background = [wid for wid, (prio, _) in self.holders.items() if prio == 2]
         want = urgent - sum(1 for wid in background if wid in self.asked)
-        free = sorted((wid for wid in background if wid not in self.asked), key=lambda wid: -self.granted[wid])
+        free = sorted((wid for wid in background if wid not in self.asked),
+                      key=lambda wid: (wid in self.young, -self.granted[wid]))
         asked = free[:max(0, want)]
         self.asked.update(asked)
         return asked
@@ -192,6 +198,21 @@ class LaneMachine(RuleBasedStateMachine):
         assert generation > self.last_generation, "generations strictly increase"
         self.last_generation = generation
         self.generations[wid] = generation
+        self.pin_age(wid, counter)
+
+    def pin_age(self, wid: str, counter: int) -> None:
+        """An urgent waiter asks holders granted 20 ms ago or earlier first
+        (lib_yield.lua). With real grant times that would turn on how long
+        the machine took over the steps since, so each grant's time is
+        rewritten: an odd counter's an hour back (a call under way), an even
+        one's an hour ahead (young however long the example runs)."""
+        epoch, grant_counter, _, rest = self.client.hget(self.keys[2], wid).split(":", 3)
+        now_ms = int(self.client.time()[0]) * 1000
+        young = counter % 2 == 0
+        granted = now_ms + 3_600_000 if young else now_ms - 3_600_000
+        self.client.hset(self.keys[2], wid, f"{epoch}:{grant_counter}:{granted}:{rest}")
+        if young:
+            self.model.young.add(wid)
 
     @rule(priority=st.integers(min_value=0, max_value=2), workflow=st.sampled_from(WORKFLOWS))
     def acquire(self, priority, workflow):
@@ -222,12 +243,23 @@ class LaneMachine(RuleBasedStateMachine):
     def release(self, data):
         wid = data.draw(st.sampled_from(sorted(self.model.holders)))
         epoch, counter = self.generations[wid]
-        reply = self.run("release", [wid, epoch, counter, LEASE_MS])
+        # own: the caller takes a grant to a waiter of its own token (every
+        # id here is "model.<n>") from the reply, and no doorbell rings for it.
+        own = data.draw(st.booleans(), label="own")
+        reply = self.run("release", [wid, epoch, counter, LEASE_MS, 1 if own else 0])
         assert reply[0] == 1
         rung = self.doorbells()
-        assert rung == self.model.release(wid), "handoff goes to the waiters the model names, in order"
-        if len(reply) > 2:  # a lean handoff names its grant, the one its doorbell rang
-            assert rung == [reply[2]] and self.generations[reply[2]] == (int(reply[3]), int(reply[4]))
+        granted = self.model.release(wid)
+        if len(reply) > 2:  # a lean handoff names its grant
+            assert [reply[2]] == granted, "handoff goes to the waiter the model names"
+            if own:
+                assert reply[5] == 0 and rung == [], "told by the reply alone"
+                self.note_generation(reply[2], int(reply[3]), int(reply[4]))
+            else:
+                assert reply[5] == 1 and rung == [reply[2]], "its doorbell rang"
+                assert self.generations[reply[2]] == (int(reply[3]), int(reply[4]))
+        else:
+            assert rung == granted, "handoff goes to the waiters the model names, in order"
 
     @rule(data=st.data())
     @precondition(lambda self: self.generations)
@@ -235,7 +267,7 @@ class LaneMachine(RuleBasedStateMachine):
         wid = data.draw(st.sampled_from(sorted(self.generations)))
         epoch, counter = self.generations[wid]
         before = self.client.zcard(self.keys[1])
-        reply = self.run("release", [wid, epoch, counter - 1, LEASE_MS])
+        reply = self.run("release", [wid, epoch, counter - 1, LEASE_MS, 1])
         assert reply[0] == 0 and self.client.zcard(self.keys[1]) == before
 
     @rule(data=st.data(), reason=st.sampled_from(["timeouts", "cancels"]))

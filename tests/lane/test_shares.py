@@ -41,7 +41,7 @@ class Driver:
         """Release ``wid``; returns who was granted by it, in grant order."""
         before = self.holders()
         epoch, counter = self.client.hget(self.keys[2], wid).decode().split(":")[:2]
-        reply = self.lane._script("release", [wid, epoch, counter, self.lane.lease_ms])
+        reply = self.lane._script("release", [wid, epoch, counter, self.lane.lease_ms, 0])
         assert int(reply[0]) == 1
         new = self.holders() - before
         # Generations order the grants of one call.

@@ -19,7 +19,9 @@ import redis
 from lanes import Priority
 from lanes.lane import Lane
 from lanes.lane.base import parse_doorbell
+from lanes.lane.book import Waiter
 from lanes.lane.hub import close_hubs
+from lanes.lane.model import Generation
 from tests.lane.test_lane import start_waiter, wait_queued
 from tests.polling import aeventually, eventually
 
@@ -99,7 +101,8 @@ def test_a_holder_whose_call_was_cut_gives_its_slot_back_from_the_thread_that_le
 def test_an_urgent_waiter_cuts_a_holder_of_its_own_process_and_takes_the_slot_on_its_own_thread(make_lane):
     # Nobody reads the doorbells here (the test holds the reading), so the
     # ask and the grant can only travel in the replies: the acquire's names
-    # the holder it asked, the release's names the waiter it granted.
+    # the holder it asked, the release's names the waiter it granted. Within
+    # one process neither rings a doorbell at all.
     lane = make_lane(width=1, lease_seconds=30.0)  # no renewal finds the grant in the meantime
     holder = lane.acquire(B, 1.0)
     cut_on: list[int] = []
@@ -113,18 +116,14 @@ def test_an_urgent_waiter_cuts_a_holder_of_its_own_process_and_takes_the_slot_on
     assert hub._reader.acquire(timeout=5.0)
     try:
         urgent = lane.acquire(I, 5.0)  # with no doorbell read and no renewal, it would time out
-        assert urgent.holder_id in hub.book.delivered, "its grant came with the release's reply"
     finally:
         hub._reader.release()
     assert cut_on == [threading.get_ident()], "cut by the urgent caller's own thread"
     assert holder.released and lane.stats().in_flight == 1
-    # The doorbells sent all the same are read later and dropped, not kept
-    # for a waiter still to come.
+    # No doorbell follows the reply: nothing is kept to drop when it comes,
+    # nothing for a waiter still to register.
+    assert not hub.book.delivered and not hub.book.unclaimed
     urgent.release()
-    background = lane.acquire(B, 1.0)  # a holder again: the idle reader reads what waits
-    eventually(lambda: not hub.book.delivered, what="the late doorbell to be read and dropped")
-    assert urgent.holder_id not in hub.book.unclaimed
-    background.release()
 
 
 def test_a_waiter_of_the_releasing_process_takes_its_grant_from_the_release_reply(make_lane):
@@ -135,9 +134,11 @@ def test_a_waiter_of_the_releasing_process_takes_its_grant_from_the_release_repl
     try:
         _, results = start_waiter(lane, B, name="next")
         waiter = eventually(lambda: next(iter(hub.book.waiter_slot), None), what="the waiter to register")
+        registered = hub.book._waiter(waiter)
         assert holder.release()
-        # Set by the release call itself, before any doorbell was read.
-        assert waiter in hub.book.delivered
+        # Set by the release call itself: no doorbell was read (or sent).
+        assert registered.outcome is not None and registered.outcome[0] == "granted"
+        assert not hub.book.delivered
         granted = eventually(lambda: results.get("next"), what="the waiter to wake")
     finally:
         hub._reader.release()
@@ -419,10 +420,11 @@ def test_an_ask_and_a_begin_that_race_settle_on_exactly_one_user_of_the_slot(mak
     assert lane.stats().in_flight == 0
 
 
-def test_an_ask_for_a_holder_of_the_callers_own_process_travels_in_the_reply_only(make_lane):
-    # The urgent caller cuts it itself, so no second thread of its process is
-    # woken by a message to act on the same ask (a holder of another process
-    # still gets one: see the test above). The grant's doorbell still goes.
+def test_an_ask_and_a_grant_within_the_callers_own_process_travel_in_the_replies_only(make_lane):
+    # The urgent caller cuts the holder itself and takes its grant from the
+    # release's reply, so no second thread of its process is woken by a
+    # message about either (a holder or a waiter of another process still
+    # gets one: see the test above and the one below).
     lane = make_lane(width=1)
     holder = lane.acquire(B, 1.0)
     holder.on_stop(lambda: True)
@@ -441,8 +443,53 @@ def test_an_ask_for_a_holder_of_the_callers_own_process_travels_in_the_reply_onl
             message = listener.get_message(timeout=0.1)
             if message is not None:
                 heard.append(parse_doorbell(message["data"]))
-        assert heard and all(generation is not None for _, generation in heard), heard
-        assert urgent.holder_id in [waiter for waiter, _ in heard], "the grant's doorbell"
+        assert heard == [], "neither the ask nor the grant rang the process's doorbell"
     finally:
         listener.close()
         listener_client.close()
+
+
+def test_a_release_rings_for_a_waiter_of_another_process(make_lane):
+    # Two clients, two hubs, two tokens: to the script they are two processes.
+    lane = make_lane(width=1)
+    other = make_lane(width=1)
+    listener_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
+    listener = listener_client.pubsub(ignore_subscribe_messages=True)
+    try:
+        listener.subscribe(other._hub.channel)
+        holder = lane.acquire(B, 1.0)
+        eventually(lambda: listener_client.pubsub_numsub(other._hub.channel)[0][1] >= 1,
+                   what="the listener's subscription")
+        _, results = start_waiter(other, B, name="other")
+        wait_queued(lane, 1)
+        assert holder.release()
+        granted = eventually(lambda: results.get("other"), what="the other process's grant")
+        heard = []
+        deadline = time.monotonic() + 0.5
+        while time.monotonic() < deadline and not heard:
+            message = listener.get_message(timeout=0.1)
+            if message is not None:
+                heard.append(parse_doorbell(message["data"]))
+        assert [waiter for waiter, _ in heard] == [granted.holder_id], "its grant's doorbell"
+        granted.release()
+    finally:
+        listener.close()
+        listener_client.close()
+
+
+def test_a_grant_told_by_the_reply_alone_before_its_waiter_registers_is_kept_for_it(make_lane):
+    # A waiter registers once its acquire's reply is read; a release on
+    # another thread of the process can grant it first. With no doorbell to
+    # follow, the reply's word is kept until the waiter registers.
+    lane = make_lane(width=1)
+    hub = lane._hub
+    waiter_id = f"{hub.token}.early"
+    generation = Generation(1, 7)
+    hub.deliver_own(waiter_id, generation, rang=False)
+    waiter = Waiter(id=waiter_id, priority=B)
+    hub.add_waiter(lane, waiter)
+    assert waiter.outcome is not None and waiter.outcome[:2] == ("granted", generation)
+    hub.remove_waiter(waiter_id)
+    # A grant whose doorbell rang is left to the doorbell, for a waiter still to come.
+    hub.deliver_own(f"{hub.token}.rang", generation, rang=True)
+    assert f"{hub.token}.rang" not in hub.book.unclaimed

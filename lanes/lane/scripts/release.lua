@@ -5,12 +5,15 @@
 -- ARGV[3] counter   ... both must match, or nothing changes (fencing)
 -- ARGV[4] lease_ms  the releaser's lease (a slot handed off gets the waiter's
 --                   own, carried in its queue entry)
--- ARGV[5] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
+-- ARGV[5] own       1 = the caller hands a grant to a waiter of its own
+--                   process from the reply (lanes/lane/sync.py): no
+--                   doorbell for such a waiter; 0 = every grant rings
+-- ARGV[6] run       run_id of the server the caller reached ('' = unknown; lib_base.lua)
 -- Returns {released (1/0), more (1/0)}: more = slots and waiters remain
 -- beyond this call's bounded handoff; a lean handoff adds the waiter it
--- granted and the grant, {.., waiter id, epoch, counter} (the doorbell goes
--- out all the same): a waiter of the releaser's own process takes it from
--- the reply, without the doorbell's trip (lanes/lane/sync.py).
+-- granted, the grant and whether its doorbell went out,
+-- {.., waiter id, epoch, counter, rang (1/0)}: a waiter of the releaser's
+-- own process takes its grant from the reply, without the doorbell's trip.
 --! include base
 local id, lease_ms = ARGV[1], tonumber(ARGV[4])
 local now = now_ms()
@@ -116,10 +119,18 @@ if head then
   if wwf ~= '' then winfo = winfo .. ':' .. wwf end
   redis.call('HSET', K_HINFO, wid, winfo)
   if deadline < reap_at then redis.call('HSET', K_META, 'reap_at', deadline) end
-  -- lib_queue.lua channel_of, inline.
-  local channel = string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:'
-    .. (string.match(wid, '^(.*)%.[^.]*$') or wid)
-  local heard = redis.call('PUBLISH', channel, wid .. ' ' .. m[1] .. ' ' .. counter)
+  -- lib_queue.lua token_of and channel_of, inline. A waiter of the
+  -- releaser's own process (same token) is told by the reply alone: its
+  -- process is alive (it is releasing), and no reading thread of it wakes
+  -- for a doorbell that only repeats the reply.
+  local wtoken = string.match(wid, '^(.*)%.[^.]*$') or wid
+  local rang, heard = 1, 1
+  if ARGV[5] == '1' and wtoken == (string.match(id, '^(.*)%.[^.]*$') or id) then
+    rang = 0
+  else
+    local channel = string.sub(K_META, 1, string.find(K_META, ':{', 1, true)) .. 'wake:' .. wtoken
+    heard = redis.call('PUBLISH', channel, wid .. ' ' .. m[1] .. ' ' .. counter)
+  end
   if notify == '1' and heard == 0 then
     -- Nobody listens for this waiter: take the slot back (as grant_free
     -- does) and let the slow path below hand it to the next one.
@@ -137,7 +148,7 @@ if head then
     if redis.call('LPUSH', K_WAITS, prio .. ':' .. wait) > WAITS_KEEP + WAITS_SLACK then
       redis.call('LTRIM', K_WAITS, 0, WAITS_KEEP - 1)
     end
-    return {released, 0, wid, m[1], counter}   -- the one free slot is taken: nothing more
+    return {released, 0, wid, m[1], counter, rang}   -- the one free slot is taken: nothing more
   end
 elseif ewma then
   redis.call('HSET', K_META, 'hold_ewma_ms', tostring(ewma), 'inflight', inflight, hfield, held)
