@@ -244,6 +244,10 @@ class Book:
         if self.delivered and waiter_id in self.delivered:
             del self.delivered[waiter_id]
             return False  # it came with the release's reply (deliver_own)
+        return self._grant_or_keep(waiter_id, generation, now)
+
+    def _grant_or_keep(self, waiter_id: str, generation: Generation, now: float) -> bool:
+        """The only word of a grant: to its waiter, or kept for it until it registers."""
         waiter = self._waiter(waiter_id)
         if waiter is None:
             self.unclaimed[waiter_id] = ("granted", generation, now)
@@ -259,14 +263,9 @@ class Book:
         what it must). Without a doorbell the reply is the only word, so a
         waiter still to register (its acquire's reply not yet read) finds
         the grant kept for it, as it would a doorbell that came first."""
-        waiter = self._waiter(waiter_id)
         if not rang:
-            if waiter is None:
-                self.unclaimed[waiter_id] = ("granted", generation, now)
-                if len(self.unclaimed) > UNCLAIMED_KEEP:
-                    del self.unclaimed[next(iter(self.unclaimed))]
-                return False
-            return self._grant(waiter, generation, now)
+            return self._grant_or_keep(waiter_id, generation, now)
+        waiter = self._waiter(waiter_id)
         if waiter is None or not self._grant(waiter, generation, now):
             return False
         if len(self.delivered) >= UNCLAIMED_KEEP:
