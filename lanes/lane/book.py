@@ -256,7 +256,7 @@ class Book:
             return False
         return self._grant(waiter, generation, now)
 
-    def deliver_own(self, waiter_id: str, generation: Generation, now: float, *, rang: bool = True) -> bool:
+    def deliver_own(self, waiter_id: str, generation: Generation, now: float, *, rang: bool) -> bool:
         """Hand a grant read from a release's reply to its waiter, if it waits
         here with no outcome yet. ``rang``: its doorbell went out too, and
         is dropped when it comes (else the doorbell, which follows, does
