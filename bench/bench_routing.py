@@ -287,7 +287,7 @@ def main() -> int:
         # eight turns. Two cases drawn from one lognormal (sigma 0.5) have p99s 1.20x apart
         # or more one time in twenty at 480 samples each, 1.14x at 960; the scenario prints
         # the interval of its own figure. Plain FIFO's backlog case takes seconds a sample.
-        "priority": lambda bench: priority(bench, *((64, samples, 2) if args.smoke else (960, samples, 8))),
+        "priority": lambda bench: priority(bench, 64 if args.smoke else 960, samples, turns=2 if args.smoke else 8),
         "utilisation": lambda bench: utilisation(bench, seconds),
         "events": lambda bench: events_overhead(bench, n, rounds),
         "background": lambda bench: background_backlog(bench, backlogs),
