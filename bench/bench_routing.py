@@ -12,7 +12,9 @@ same machine (its own Redis server, the simulator in its own process):
 2. priority: submit-to-admission time of interactive work; p99 with a 10 x W
    background backlog vs p99 with the lane saturated by exactly W closed-loop
    background clients, the two cases taking turns. Target <= 1.25x. Plain FIFO
-   Celery's ratio beside it.
+   Celery's ratio beside it; and each case's admissions grouped by how much
+   background work turned over on the worker (calls beginning or ending)
+   while the request was on its way.
 3. utilisation: lognormal service (mean 200 ms), saturating load; the
    simulator's own running count averaged over the steady state / W.
    Target >= 0.95, and zero over-admission.
@@ -27,6 +29,7 @@ same machine (its own Redis server, the simulator in its own process):
 from __future__ import annotations
 
 import argparse
+import bisect
 import json
 import random
 import statistics
@@ -34,6 +37,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+import redis
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -98,10 +103,12 @@ def routed_admission(dep, samples: int, rng: random.Random) -> dict[str, list[fl
     broker and worker) and the wait in the lane; ``asked`` holds the
     admissions that asked a background holder for its slot (1.0) and those
     that found one free (0.0)."""
-    parts: dict[str, list[float]] = {"admission": [], "publish": [], "delivery": [], "lane_wait": [], "asked": []}
+    parts: dict[str, list[float]] = {"admission": [], "publish": [], "delivery": [], "lane_wait": [], "asked": [],
+                                     "sent": []}
     for _ in range(samples):
         time.sleep(rng.uniform(0.1, 0.3))
         sent = time.time()
+        parts["sent"].append(sent)
         result = dep.client.submit("inter", CHAT, deadline=120)
         parts["publish"].append(time.time() - sent)
         # The figures come from the trace's own timestamps; the poll only ends the sample.
@@ -113,6 +120,41 @@ def routed_admission(dep, samples: int, rng: random.Random) -> dict[str, list[fl
         parts["lane_wait"].append(served["wait_ms"] / 1000)
         parts["asked"].append(1.0 if served.get("asked_yield") else 0.0)
     return parts
+
+
+def background_calls(dep) -> list[float]:
+    """When each background call served in the deployment began and ended
+    (epoch seconds, sorted), from the routing traces in the stored results."""
+    client = redis.Redis.from_url(dep.redis_url)
+    moments = []
+    for key in client.scan_iter(match="celery-task-meta-*", count=1000):
+        value = client.get(key)
+        result = json.loads(value).get("result") if value else None
+        trace = result.get("trace") if isinstance(result, dict) else None
+        if not trace or trace.get("priority") != "background":
+            continue
+        for step in trace["steps"]:
+            if step.get("admitted_at") and step.get("call_ms") is not None:
+                moments += [step["admitted_at"], step["admitted_at"] + step["call_ms"] / 1000]
+    return sorted(moments)
+
+
+def turnover_near(parts: dict[str, list[float]], moments: list[float]) -> dict:
+    """Admissions by how many background calls of the same fleet began or
+    ended between 15 ms before the request was sent and its admission: the
+    background work turning over on the worker while the request was on its
+    way. Per group: samples, admission p50 / p99, and its share of the case's
+    slowest 3 %."""
+    slow = p(parts["admission"], 97)
+    groups: dict[str, list[float]] = {"none": [], "1-2": [], "3+": []}
+    for sent, admission in zip(parts["sent"], parts["admission"]):
+        near = bisect.bisect(moments, sent + admission) - bisect.bisect(moments, sent - 0.015)
+        groups["none" if near == 0 else "1-2" if near <= 2 else "3+"].append(admission)
+    slowest = sum(1 for a in parts["admission"] if a >= slow)
+    return {name: {"samples": len(values),
+                   "p50_p99_ms": [round(p(values, q) * 1000, 1) for q in (50, 99)] if values else None,
+                   "share_of_slowest_3pct": round(sum(1 for a in values if a >= slow) / slowest, 3)}
+            for name, values in groups.items()}
 
 
 def plain_admission(plain: Plain, sim: RemoteSim, samples: int, rng: random.Random) -> list[float]:
@@ -172,6 +214,9 @@ def priority(bench: Bench, samples: int, fifo_samples: int, turns: int) -> dict:
                 out[f"routed_{case}_asked_yield_p50_p99_ms"] = (
                     [round(p(asked, q) * 1000, 1) for q in (50, 99)] if asked else None)
             out["max_in_flight_seen"] = sim.stats()["m"]["max_in_flight"]
+            moments = background_calls(dep)
+            for case, parts in merged.items():
+                out[f"routed_{case}_background_turnover_near"] = turnover_near(parts, moments)
         finally:
             dep.close()
         plain = bench.plain(sim, W, queue="fifo")
