@@ -125,10 +125,11 @@ def routed_admission(dep, samples: int, rng: random.Random) -> dict[str, list[fl
 def background_calls(dep) -> list[float]:
     """When each background call served in the deployment began and ended
     (epoch seconds, sorted), from the routing traces in the stored results."""
-    client = redis.Redis.from_url(dep.redis_url)
     moments = []
-    for key in client.scan_iter(match="celery-task-meta-*", count=1000):
-        value = client.get(key)
+    with redis.Redis.from_url(dep.redis_url) as client:
+        keys = list(client.scan_iter(match="celery-task-meta-*", count=1000))
+        values = [v for i in range(0, len(keys), 1000) for v in client.mget(keys[i:i + 1000])]
+    for value in values:
         result = json.loads(value).get("result") if value else None
         trace = result.get("trace") if isinstance(result, dict) else None
         if not trace or trace.get("priority") != "background":
