@@ -18,7 +18,12 @@ the book these methods use).
   urgent work queues (scripts/lib_yield.lua): the holder's id alone, on the
   same channel. A holder busy with its call reads nothing, so while the
   process holds slots and no waiter leads, the hub's *idle reader* thread
-  leads instead; a waiter that registers takes over from it at once.
+  leads instead; a waiter that registers takes over from it at once, and
+  it takes over again as soon as the last waiter stops leading or the
+  process takes a slot with nobody reading (a process whose background
+  threads hold every slot without a waiter parked, such as a worker of
+  background work beside another process's urgent work, would otherwise
+  miss every ask until the idle reader's next look).
 - Both messages have a shortcut within one process, where a fleet worker
   runs its urgent and background threads side by side: an urgent acquire's
   reply names the holders it asked, and the urgent thread cuts and releases
@@ -120,7 +125,13 @@ class DoorbellReader:
         # was released before this call, so a waiter registering after these
         # reads finds the reader free and leads.
         registered = self.book.waiter_slot
-        if self._reader.locked() or not registered or (len(registered) == 1 and leaving.id in registered):
+        if self._reader.locked():
+            return
+        if not registered or (len(registered) == 1 and leaving.id in registered):
+            # No waiter left to lead: the idle reader takes over now if the
+            # process holds slots (an ask to yield may come at any moment),
+            # not at its next periodic look.
+            self._idle_wake.set()
             return
         with self.lock:
             for slot in self.book.slots.values():

@@ -221,6 +221,10 @@ class SyncHub(DoorbellReader, Renewer):
             if self.book.new_slot:
                 self.book.new_slot = False
                 self._cond.notify_all()
+        if self._leader is None:
+            # Nobody reads the doorbells: an ask for this slot must not wait
+            # for the idle reader's next look (doorbell.py).
+            self._idle_wake.set()
 
     def remove_holder(self, lane, holder_id: str) -> None:
         with self.lock:

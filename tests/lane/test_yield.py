@@ -17,7 +17,7 @@ import pytest
 import redis
 
 from lanes import Priority
-from lanes.lane import Lane
+from lanes.lane import Lane, doorbell
 from lanes.lane.base import parse_doorbell
 from lanes.lane.book import Waiter
 from lanes.lane.hub import close_hubs
@@ -263,6 +263,47 @@ def test_an_ask_reaches_a_holder_in_another_process_with_no_waiter_there(make_la
         other = Lane(other_client, lane.key, width=1, lease_seconds=5.0)
         _, results = start_waiter(other, I, name="urgent")
         eventually(lambda: holder.yield_asked, what="the ask across hubs")
+        holder.release()
+        eventually(lambda: results.get("urgent"), what="the urgent grant").release()
+    finally:
+        close_hubs(other_client)
+        other_client.close()
+
+
+def test_the_idle_reader_leads_as_soon_as_the_process_takes_a_slot_with_nobody_reading(make_lane, monkeypatch):
+    # Its periodic look pushed out of reach: only being woken can make it lead.
+    monkeypatch.setattr(doorbell, "IDLE_CHECK_SECONDS", 600.0)
+    lane = make_lane(width=1)
+    other_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
+    try:
+        other = Lane(other_client, lane.key, width=1, lease_seconds=5.0)
+        other.acquire(B, 1.0).release()  # the other hub and its idle reader are up, looking rarely
+        holder = other.acquire(B, 1.0)
+        _, results = start_waiter(lane, I, name="urgent")
+        eventually(lambda: holder.yield_asked, what="the ask read by the holder's idle reader")
+        holder.release()
+        eventually(lambda: results.get("urgent"), what="the urgent grant").release()
+    finally:
+        close_hubs(other_client)
+        other_client.close()
+
+
+def test_the_idle_reader_takes_over_when_the_last_waiter_of_a_process_holding_slots_is_granted(make_lane, monkeypatch):
+    # A background worker process beside another process's urgent work: its
+    # waiter leads the doorbell reading while it waits, is granted, and the
+    # process then holds every slot with no waiter; asks must still be read.
+    monkeypatch.setattr(doorbell, "IDLE_CHECK_SECONDS", 600.0)
+    lane = make_lane(width=1)
+    other_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
+    try:
+        other = Lane(other_client, lane.key, width=1, lease_seconds=5.0)
+        first = other.acquire(B, 1.0)
+        _, waiting = start_waiter(other, B, name="next")
+        wait_queued(lane, 1)
+        first.release()
+        holder = eventually(lambda: waiting.get("next"), what="the background waiter's grant")
+        _, results = start_waiter(lane, I, name="urgent")
+        eventually(lambda: holder.yield_asked, what="the ask read after the waiter stopped leading")
         holder.release()
         eventually(lambda: results.get("urgent"), what="the urgent grant").release()
     finally:
