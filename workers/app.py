@@ -37,7 +37,7 @@ from workers.in_flower import LaneEventSender, LanesInfo
 from workers.memgate import CGROUP, MemoryGate, MemoryGateWatcher, cgroup_memory
 from workers.metrics import MetricsEndpoint
 from workers.outcome import RESULT_STORE_RETRY, patient_backend_url, publish_retry
-from workers.prefetch import ForegroundPrefetch
+from workers.prefetch import ConsumerPrefetch
 from workers.presence import PresenceHeartbeat
 from workers.runs import RunLeases, Started
 
@@ -130,12 +130,12 @@ def create_app(
     settings: Settings | None = None,
     *,
     background: BackgroundQueue | None = None,
-    foreground_threads: int | None = None,
+    consumer_threads: int | None = None,
 ) -> Celery:
     """The worker app; with ``background``, its worker also consumes that
     queue on a channel of its own (workers/background.py); with
-    ``foreground_threads``, Celery's own consumer holds at most that many
-    foreground messages (workers/prefetch.py)."""
+    ``consumer_threads``, Celery's own consumer holds at most that many
+    messages of its queue (workers/prefetch.py)."""
     settings = settings or load_settings()
     # The recorded address, never a newly started embedded server: a worker
     # that lost its Redis reconnects to the same address when it comes back.
@@ -144,14 +144,14 @@ def create_app(
     context = WorkerContext(settings, redis_url)
     app.lanes_context = context
     app.lanes_background = background
-    app.lanes_foreground_threads = foreground_threads
+    app.lanes_consumer_threads = consumer_threads
     # A task's end is recorded before its message is acknowledged, also
     # through seconds of refused writes (workers/outcome.py).
     app.conf.update(result_backend=patient_backend_url(redis_url), **RESULT_STORE_RETRY)
     # After a reconnect Celery would reset the prefetch to the whole pool
-    # (foreground and background threads); ForegroundPrefetch's limit holds.
+    # (foreground and background threads); ConsumerPrefetch's limit holds.
     app.conf.worker_enable_prefetch_count_reduction = False
-    app.steps["consumer"].add(ForegroundPrefetch)
+    app.steps["consumer"].add(ConsumerPrefetch)
     app.steps["consumer"].add(BackgroundConsumer)
     app.lanes_not_taking = threading.Event()  # set once the worker stops taking work (workers/handback.py)
     app.steps["consumer"].add(StopTaking)

@@ -1,6 +1,8 @@
 """The fleet's background queue, consumed on a channel of its own.
 
-A fleet worker is one Celery worker process with two consumers over one
+A worker given both of a fleet's queues (``python -m workers.main`` with
+both sets of threads; the supervisor runs a process per queue instead, see
+workers/fleet.py) is one Celery worker process with two consumers over one
 thread pool: Celery's own task consumer takes the foreground queue
 (interactive and user-tool work), and :class:`BackgroundConsumer` takes the
 background queue on a second channel whose prefetch limit is the number of

@@ -1,9 +1,9 @@
 """How many worker threads a fleet runs, and which queues they take.
 
 A fleet is one primary pool's Celery queues and workers, so one pool's
-backlog never blocks another pool's work. Its worker has two sets of threads
-over one pool (see workers/background.py): one for the foreground queue
-(interactive and user-tool work) and one for the background queue. Each set
+backlog never blocks another pool's work. Its supervisor runs two worker
+processes: one for the foreground queue (interactive and user-tool work) and
+one for the background queue, each with its own set of threads. Each set
 is sized from the width the fleet must be able to fill, ``width x
 workers_per_lane`` clamped to the floor and cap (``fleet_max_workers``) but
 never below the pool's configured width (a controller's headroom up to a
@@ -14,6 +14,16 @@ large ceiling is filled within the cap, by more workers if need be):
 - foreground work always has a thread per slot whatever background work
   holds, so urgent requests up to the width reach the lane at once, where
   they go ahead of every background waiter.
+
+Two processes rather than one pool of both sets: a background backlog turns
+its calls over in bunches (every end is also the next start, handed over in
+the lane), and in one process that bookkeeping competes with an urgent
+request's delivery and admission for the one interpreter lock; in a process
+of its own, the urgent request waits at most for a core, and the system's
+scheduler favours a process that was idle (docs/BENCHMARKS.md, "fifteenth
+round"). A background holder is then asked for its slot across processes
+(the lane's pub/sub ask, read by the background process's idle reader or a
+parked waiter).
 """
 
 from __future__ import annotations
@@ -37,25 +47,25 @@ class FleetPlan:
 
     @property
     def concurrency(self) -> int:
-        """Threads of the worker's pool: both sets."""
+        """Threads of both processes."""
         return self.foreground_threads + self.background_threads
 
     @property
     def queues(self) -> tuple[str, str]:
         return (self.foreground_queue, self.background_queue)
 
-    def worker_args(self) -> list[str]:
-        """The arguments of ``python -m workers.main`` that run this plan."""
-        return [
-            "--fleet", self.fleet,
-            "--foreground-threads", str(self.foreground_threads),
-            "--background-threads", str(self.background_threads),
-        ]
+    def worker_args(self) -> dict[str, list[str]]:
+        """The arguments of ``python -m workers.main`` for each of the plan's
+        processes, by role: ``foreground`` and ``background``."""
+        return {
+            "foreground": ["--fleet", self.fleet, "--foreground-threads", str(self.foreground_threads)],
+            "background": ["--fleet", self.fleet, "--background-threads", str(self.background_threads)],
+        }
 
     def describe(self) -> str:
         return (
-            f"fleet {self.fleet}: width {self.width}; {self.foreground_threads} threads for {self.foreground_queue}, "
-            f"{self.background_threads} for {self.background_queue}"
+            f"fleet {self.fleet}: width {self.width}; a process of {self.foreground_threads} threads for "
+            f"{self.foreground_queue}, one of {self.background_threads} for {self.background_queue}"
         )
 
 

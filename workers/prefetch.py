@@ -1,9 +1,10 @@
-"""Celery's task consumer takes at most one foreground message per foreground thread.
+"""Celery's task consumer takes at most one message per thread kept for its queue.
 
 Celery sizes its consumer's prefetch from the whole pool (``concurrency x
-worker_prefetch_multiplier``). A fleet worker's pool also holds the
-background threads (workers/background.py), so without this step a width-1
-worker would take four urgent messages for its two foreground threads: the
+worker_prefetch_multiplier``). A worker that takes both of a fleet's queues
+has a pool that also holds the background threads (workers/background.py),
+so without this step a width-1 worker would take four urgent messages for
+its two foreground threads: the
 two it cannot start are invisible to every other worker, and lost for a
 whole visibility timeout when this one is killed.
 
@@ -21,13 +22,13 @@ from __future__ import annotations
 from celery import bootsteps
 
 
-class ForegroundPrefetch(bootsteps.StartStopStep):
-    """Sets the task consumer's prefetch to the app's ``lanes_foreground_threads``."""
+class ConsumerPrefetch(bootsteps.StartStopStep):
+    """Sets the task consumer's prefetch to the app's ``lanes_consumer_threads``."""
 
     requires = {"celery.worker.consumer.connection:Connection"}
 
     def __init__(self, c, **kwargs) -> None:
-        threads = getattr(c.app, "lanes_foreground_threads", None)
+        threads = getattr(c.app, "lanes_consumer_threads", None)
         if threads is not None:
             # Read by the Tasks step when it opens the consumer, on every
             # (re)connect; with the prefetch reduction after a reconnect off

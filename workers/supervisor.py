@@ -1,7 +1,9 @@
-"""Keeps one fleet's worker running at the size its pool's width calls for.
+"""Keeps one fleet's workers running at the size its pool's width calls for.
 
-The threads pool cannot grow in place, so when the catalog changes a fleet's
-size the worker is replaced, without a gap and without cutting calls short:
+A fleet has two worker processes, one per queue (workers/fleet.py); "the
+worker" below is the pair. The threads pool cannot grow in place, so when
+the catalog changes a fleet's size the worker is replaced, without a gap
+and without cutting calls short:
 
 1. the new worker starts first and is waited for until it answers a ping, so
    the fleet keeps consuming while the old one winds down;
@@ -20,7 +22,8 @@ name there (:mod:`workers.drain`), then keeps draining the old queues.
 At start (and on every catalog change) it refuses models whose timeout cannot
 fit in the walk budget below Celery's visibility timeout: such a call would
 make the broker hand the task to a second worker while the first still calls.
-A worker that dies is restarted with a short backoff.
+A worker process that dies is restarted with a short backoff, the other
+left serving.
 """
 
 from __future__ import annotations
@@ -50,6 +53,8 @@ STOP_MARGIN_SECONDS = 10.0
 # A cold shutdown cancels, hands messages back and closes: seconds, not minutes.
 COLD_STOP_SECONDS = 15.0
 READY_TIMEOUT_SECONDS = 60.0
+
+Workers = dict[str, subprocess.Popen]  # a fleet's worker processes by role (FleetPlan.worker_args)
 
 
 def fleet_timeout_seconds(table: RoutingTable, fleet: str) -> float:
@@ -94,7 +99,7 @@ class FleetSupervisor:
         self.echo = echo
         self.engine = open_catalog(settings)
         self._stop = threading.Event()
-        self._child: subprocess.Popen | None = None
+        self._children: Workers = {}  # by role: foreground, background
         self._retiring: list[threading.Thread] = []
         self._pool_id: int | None = None  # followed across renames
         self._old_names: set[str] = set()  # names this fleet had before: their queues are drained
@@ -141,79 +146,102 @@ class FleetSupervisor:
 
     # --- children ---------------------------------------------------------------
 
-    def _hostname(self, plan: FleetPlan) -> str:
-        # Each child its own node name: old and new answer pings side by side.
-        suffix = "" if self._generation == 0 else f"-{self._generation}"
-        return f"{plan.fleet}@{socket.gethostname()}{suffix}"
+    def _hostname(self, plan: FleetPlan, role: str, generation: int) -> str:
+        # Each start its own node names: old and new answer pings side by side.
+        suffix = "" if generation == 0 else f"-{generation}"
+        host = socket.gethostname() if role == "foreground" else f"{socket.gethostname()}.{role}"
+        return f"{plan.fleet}@{host}{suffix}"
 
-    def _start(self, plan: FleetPlan) -> subprocess.Popen:
+    def _start(self, plan: FleetPlan) -> Workers:
+        """The plan's worker processes (foreground and background), started."""
         self.echo(plan.describe())
-        hostname = self._hostname(plan)
+        generation = self._next_generation()
+        return {role: self._start_one(plan, role, generation) for role in plan.worker_args()}
+
+    def _next_generation(self) -> int:
+        generation, self._generation = self._generation, self._generation + 1
+        return generation
+
+    def _start_one(self, plan: FleetPlan, role: str, generation: int) -> subprocess.Popen:
+        hostname = self._hostname(plan, role, generation)
         child = subprocess.Popen(
-            [sys.executable, "-m", "workers.main", *plan.worker_args(), "--loglevel", self.loglevel,
+            [sys.executable, "-m", "workers.main", *plan.worker_args()[role], "--loglevel", self.loglevel,
              "--hostname", hostname],
             env={**os.environ, **self.metrics.child_env()} if self.metrics else None,
         )
         child.lanes_hostname = hostname
-        self._generation += 1
         return child
 
-    def _wait_ready(self, child: subprocess.Popen) -> bool:
-        """Until the child answers a ping (it consumes), it exits, or the time is up."""
+    def _wait_ready(self, workers: Workers) -> bool:
+        """Until every child answers a ping (it consumes), one exits, or the time is up."""
         if self._celery is None:
             self._celery = make_celery(self.settings, resolve_redis_url(self.settings))
+        waiting = {child.lanes_hostname: child for child in workers.values()}
         deadline = time.monotonic() + READY_TIMEOUT_SECONDS
-        while time.monotonic() < deadline and child.poll() is None and not self._stop.is_set():
+        while time.monotonic() < deadline and not self._stop.is_set():
+            if any(child.poll() is not None for child in waiting.values()):
+                return False
             try:
-                if self._celery.control.ping(destination=[child.lanes_hostname], timeout=1.0):
-                    return True
+                replies = self._celery.control.ping(destination=list(waiting), timeout=1.0) or []
             except Exception:  # Redis away for a moment: ask again
                 time.sleep(0.5)
+                continue
+            for reply in replies:
+                for name in reply:
+                    waiting.pop(name, None)
+            if not waiting:
+                return True
         return False
 
     def _exited(self, child: subprocess.Popen) -> None:
         if self.metrics is not None:
             self.metrics.child_exited(child.pid)
 
-    def _stop_child(self, child: subprocess.Popen | None, grace: float) -> None:
+    def _stop_children(self, workers: Workers | None, grace: float) -> None:
         """Warm stop within ``grace``; then cold (messages handed back at once); then kill."""
-        if child is None:
+        if not workers:
             return
+        children = [child for child in workers.values() if child.poll() is None]
         try:
-            self._stop_gracefully(child, grace)
+            self._stop_gracefully(children, grace)
         finally:
-            self._exited(child)
+            for child in workers.values():
+                self._exited(child)
 
-    def _stop_gracefully(self, child: subprocess.Popen, grace: float) -> None:
-        if child.poll() is not None:
-            return
-        child.send_signal(signal.SIGTERM)
-        try:
-            child.wait(grace)
-            return
-        except subprocess.TimeoutExpired:
-            self.echo(f"fleet {self.fleet}: worker still busy after {grace:.0f}s; cold shutdown")
-        child.send_signal(signal.SIGQUIT)
-        try:
-            child.wait(COLD_STOP_SECONDS)
-        except subprocess.TimeoutExpired:
+    def _stop_gracefully(self, children: list[subprocess.Popen], grace: float) -> None:
+        # Each step signals every child, then waits for them all within one deadline.
+        for sig, within in ((signal.SIGTERM, grace), (signal.SIGQUIT, COLD_STOP_SECONDS)):
+            for child in children:
+                child.send_signal(sig)
+            deadline = time.monotonic() + within
+            for child in children:
+                try:
+                    child.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    pass
+            children = [child for child in children if child.poll() is None]
+            if not children:
+                return
+            if sig == signal.SIGTERM:
+                self.echo(f"fleet {self.fleet}: worker still busy after {grace:.0f}s; cold shutdown")
+        for child in children:
             child.kill()
             child.wait()
 
-    def _retire(self, child: subprocess.Popen) -> None:
-        """Stop ``child`` in the background: the loop keeps watching the new worker."""
+    def _retire(self, workers: Workers) -> None:
+        """Stop ``workers`` in the background: the loop keeps watching the new ones."""
         grace = self._grace
-        thread = threading.Thread(target=self._stop_child, args=(child, grace), name="lanes-retire", daemon=True)
+        thread = threading.Thread(target=self._stop_children, args=(workers, grace), name="lanes-retire", daemon=True)
         thread.start()
         self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
 
     def _replace(self, plan: FleetPlan) -> None:
-        old = self._child
+        old = self._children
         new = self._start(plan)
         if not self._wait_ready(new):
             self.echo(f"fleet {plan.fleet}: the new worker did not answer yet; stopping the old one anyway")
-        self._child = new
-        if old is not None:
+        self._children = new
+        if old:
             self._retire(old)
 
     # --- queues of old names --------------------------------------------------------
@@ -240,18 +268,22 @@ class FleetSupervisor:
         plan = self.plan()  # an unknown fleet or a timeout that cannot fit fails here, before anything starts
         version = catalog_stamp(self.engine)
         self.metrics = supervised(self.settings, CatalogView(self.engine, refresh_seconds=5.0).table)
-        self._child = self._start(plan)
+        self._children = self._start(plan)
         self._drain_old_queues()
         backoff = 1.0
         try:
             while not self._stop.wait(self.poll_seconds):
                 self._drain_old_queues()
-                if self._child.poll() is not None:
-                    self.echo(f"fleet {self.fleet}: worker exited with {self._child.returncode}; restarting")
-                    self._exited(self._child)
+                exited = [role for role, child in self._children.items() if child.poll() is not None]
+                if exited:
+                    # Only the process that died: the other keeps serving its queue.
                     time.sleep(backoff)
                     backoff = min(backoff * 2, 30.0)
-                    self._child = self._start(plan)
+                    for role in exited:
+                        child = self._children[role]
+                        self.echo(f"fleet {self.fleet}: {role} worker exited with {child.returncode}; restarting")
+                        self._exited(child)
+                        self._children[role] = self._start_one(plan, role, self._next_generation())
                     continue
                 backoff = 1.0
                 current = catalog_stamp(self.engine)
@@ -268,7 +300,7 @@ class FleetSupervisor:
                     plan = new_plan
                     self._replace(plan)
         finally:
-            self._stop_child(self._child, self._grace)
+            self._stop_children(self._children, self._grace)
             for thread in self._retiring:
                 thread.join()
             if self.metrics is not None:

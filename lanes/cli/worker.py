@@ -44,8 +44,9 @@ def _list(settings, fleets: list[str], as_json: bool) -> None:
 def command(settings, fleet, list_fleets, loglevel, as_json) -> None:
     """Run the worker of one fleet until stopped (SIGTERM or Ctrl-C).
 
-    The worker runs width x workers-per-lane threads, keeps one of them free of
-    background work, and restarts gracefully when the catalog changes its size.
+    The fleet runs a worker process per queue (foreground and background),
+    each of width x workers-per-lane threads, and restarts them gracefully
+    when the catalog changes its size.
     With --list: each fleet and its live workers (work for a fleet without one
     waits in its queue until one starts).
     """

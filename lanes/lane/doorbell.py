@@ -24,8 +24,9 @@ the book these methods use).
   threads hold every slot without a waiter parked, such as a worker of
   background work beside another process's urgent work, would otherwise
   miss every ask until the idle reader's next look).
-- Both messages have a shortcut within one process, where a fleet worker
-  runs its urgent and background threads side by side: an urgent acquire's
+- Both messages have a shortcut within one process, where urgent and
+  background threads run side by side (a worker given both of a fleet's
+  queues; a fleet's supervisor runs a process per queue): an urgent acquire's
   reply names the holders it asked, and the urgent thread cuts and releases
   those of its own process itself (``yield_own``); a release's reply names
   the waiter it granted, and a waiter of the releasing process takes its

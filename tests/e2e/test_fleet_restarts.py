@@ -7,6 +7,7 @@ touches another test's queues); assertions are about states and call counts.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -79,7 +80,8 @@ def test_a_restart_lets_a_call_longer_than_30s_finish_while_the_new_worker_alrea
                                SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
     long = dep.client.submit("long", CHAT)
     eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=30, what="the long call to start")
-    [old_worker] = dep.worker_children("gpu")
+    old_workers = set(dep.worker_children("gpu"))
+    assert len(old_workers) == 2  # a fleet's foreground and background processes
 
     wider = json.loads(json.dumps(RESTART_DOC))
     wider["pools"][0]["width"] = 3
@@ -88,14 +90,48 @@ def test_a_restart_lets_a_call_longer_than_30s_finish_while_the_new_worker_alrea
     apply_document(dep.client.engine, wider)
 
     # The new worker starts (and answers) while the old one still finishes its call.
-    eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="a second worker beside the old")
+    eventually(lambda: len(dep.worker_children("gpu")) == 4, timeout=60, what="a second worker beside the old")
     short = dep.client.submit("short", CHAT)
     assert short.get(timeout=60)["model"] == "quick"
     assert dep.sim.stats()["slow"]["in_flight"] == 1  # the long call is still running, untouched
 
     assert long.get(timeout=90)["model"] == "slow"
     assert calls_of(dep, long.id) == ["slow"]  # called once, never cut and called again
-    eventually(lambda: old_worker not in dep.worker_children("gpu"), timeout=30, what="the old worker to exit")
+    eventually(lambda: not old_workers & set(dep.worker_children("gpu")), timeout=30, what="the old worker to exit")
+
+
+MIXED_DOC = {
+    "pools": [{"name": "gpu", "width": 2}],
+    "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu", "timeout_ms": 10_000}],
+    "workflows": [
+        {"name": "chat", "priority": "interactive", "candidates": ["m"]},
+        {"name": "bg", "priority": "background", "candidates": ["m"]},
+    ],
+}
+
+
+def children_by_queue(dep, fleet: str) -> dict[str, int]:
+    """The fleet's worker processes by the queue set they were started for."""
+    found = {}
+    for pid in dep.worker_children(fleet):
+        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        found["foreground" if b"--foreground-threads" in args else "background"] = pid
+    return found
+
+
+def test_a_fleet_runs_a_process_per_queue_and_restarts_only_the_one_that_died(launch):
+    dep = launch(MIXED_DOC, [SimModel(name="m", capacity=4, service_ms=20.0)], ["gpu"])
+    first = eventually(lambda: (c := children_by_queue(dep, "gpu")) and len(c) == 2 and c, timeout=30,
+                       what="the fleet's two worker processes")
+    assert dep.client.submit("bg", CHAT).get(timeout=60)["model"] == "m"
+
+    os.kill(first["background"], signal.SIGKILL)
+    # Urgent work is served meanwhile by the untouched foreground process.
+    assert dep.client.submit("chat", CHAT).get(timeout=60)["model"] == "m"
+    later = eventually(lambda: (c := children_by_queue(dep, "gpu")).get("background") not in (None, first["background"])
+                       and c, timeout=60, what="a new background process")
+    assert later["foreground"] == first["foreground"]
+    assert dep.client.submit("bg", CHAT).get(timeout=60)["model"] == "m"
 
 
 def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch, private_redis):
@@ -110,7 +146,7 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
         long = dep.client.submit("long", CHAT)
         eventually(lambda: dep.sim.stats()["slow"]["in_flight"] == 1, timeout=60, what="the call to start")
         supervisor = FleetSupervisor(dep.settings, "gpu", echo=lambda *_: None)
-        supervisor._stop_child(worker, 1.0)  # far shorter than the call: the stop is forced
+        supervisor._stop_children({"foreground": worker}, 1.0)  # far shorter than the call: the stop is forced
         assert worker.poll() is not None
     finally:
         if worker.poll() is None:
@@ -199,7 +235,7 @@ def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch
     wider["pools"][0]["width"] = 2
     wider["models"][0]["base_url"] = dep.sim.base_url
     apply_document(dep.client.engine, wider)  # the fleet restarts: a new worker, then the old one stops
-    eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the new worker beside the old")
+    eventually(lambda: len(dep.worker_children("gpu")) == 4, timeout=60, what="the new worker beside the old")
     hold.release()
     for task in waiting:
         assert task.get(timeout=60)["model"] == "m"
@@ -238,8 +274,8 @@ def test_background_waits_handed_back_by_restarts_all_run_once(launch, private_r
         changed["pools"][0]["width"] = width
         changed["models"][0]["base_url"] = dep.sim.base_url
         apply_document(dep.client.engine, changed)
-        eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the new worker beside the old")
-        eventually(lambda: len(dep.worker_children("gpu")) == 1, timeout=60, what="the old worker to stop")
+        eventually(lambda: len(dep.worker_children("gpu")) == 4, timeout=60, what="the new worker beside the old")
+        eventually(lambda: len(dep.worker_children("gpu")) == 2, timeout=60, what="the old worker to stop")
     hold.release()
     for task in tasks:
         assert task.get(timeout=60)["model"] == "m"

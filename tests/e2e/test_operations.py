@@ -44,11 +44,15 @@ def lanes_cli(dep, *args, timeout=60):
 
 
 def worker_concurrency(dep) -> int | None:
+    """Threads of the fleet's live worker processes (its foreground and background ones)."""
     stats = dep.client.celery.control.inspect(timeout=1.0).stats() or {}
-    for name, info in stats.items():
-        if name.startswith("gpu@"):
-            return info["pool"]["max-concurrency"]
-    return None
+    threads = [info["pool"]["max-concurrency"] for name, info in stats.items() if name.startswith("gpu@")]
+    return sum(threads) if threads else None
+
+
+def worker_threads_by_name(dep) -> dict[str, int]:
+    stats = dep.client.celery.control.inspect(timeout=1.0).stats() or {}
+    return {name: info["pool"]["max-concurrency"] for name, info in stats.items() if name.startswith("gpu@")}
 
 
 def test_a_fleet_worker_freezes_its_start_up_heap(dep):
@@ -76,6 +80,9 @@ def test_pools_shows_the_live_lane_of_every_pool(dep):
 
 def test_set_width_resizes_the_lane_and_the_fleet_follows(dep):
     # Pool threads: 2 x width for the foreground queue, as many for background.
+    eventually(lambda: len(worker_threads_by_name(dep)) == 2, timeout=60, what="both worker processes")
+    assert sorted(worker_threads_by_name(dep).items()) == [
+        (f"gpu@{socket.gethostname()}", 4), (f"gpu@{socket.gethostname()}.background", 4)]
     assert worker_concurrency(dep) == 8
     done = lanes_cli(dep, "pools", "set-width", "gpu", "3")
     assert done.returncode == 0, done.stderr
@@ -104,10 +111,15 @@ def test_operator_mistakes_get_one_clear_line_and_change_nothing(dep, args, mess
 
 
 def test_worker_lists_the_fleets(dep):
-    done = lanes_cli(dep, "worker", "--list", "--json")
-    assert done.returncode == 0
-    (listed,) = json.loads(done.stdout)
-    assert listed["fleet"] == "gpu" and [w.split("@")[0] for w in listed["workers"]] == ["gpu"]
+    def listing():
+        done = lanes_cli(dep, "worker", "--list", "--json")
+        assert done.returncode == 0
+        (listed,) = json.loads(done.stdout)
+        return listed if len(listed["workers"] or []) >= 2 else None
+
+    listed = eventually(listing, timeout=30, interval=0.5, what="both worker processes listed")
+    # The fleet's foreground and background processes.
+    assert listed["fleet"] == "gpu" and [w.split("@")[0] for w in listed["workers"]] == ["gpu", "gpu"]
 
 
 def _hold_port(port: int = 0) -> socket.socket | None:

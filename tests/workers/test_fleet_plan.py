@@ -80,15 +80,27 @@ def test_a_controllers_ceiling_above_the_cap_is_filled_within_the_cap(make_setti
     assert threads(plan_fleet(table, "wider", settings)) == (100, 100, 200)
 
 
-def test_the_worker_is_started_with_both_sets_of_threads(table, make_settings):
+def test_the_fleet_runs_a_process_per_queue_each_with_its_set_of_threads(table, make_settings):
     plan = plan_fleet(table, "small", make_settings())
-    assert plan.worker_args() == ["--fleet", "small", "--foreground-threads", "2", "--background-threads", "2"]
-    assert plan.describe() == "fleet small: width 1; 2 threads for lanes.small, 2 for lanes.small.background"
+    assert plan.worker_args() == {
+        "foreground": ["--fleet", "small", "--foreground-threads", "2"],
+        "background": ["--fleet", "small", "--background-threads", "2"],
+    }
+    assert plan.describe() == ("fleet small: width 1; a process of 2 threads for lanes.small, "
+                               "one of 2 for lanes.small.background")
+
+
+def test_the_worker_refuses_to_take_no_queue(capsys):
+    with pytest.raises(SystemExit) as exited:
+        worker_main(["--fleet", "x"])
+    assert exited.value.code == 2
+    assert "give --foreground-threads, --background-threads or both" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("args", [
     ["--fleet", "x", "--foreground-threads", "0", "--background-threads", "2"],
     ["--fleet", "x", "--foreground-threads", "2", "--background-threads", "-1"],
+    ["--fleet", "x", "--background-threads", "0"],
 ])
 def test_the_worker_refuses_a_set_of_no_threads(args, capsys):
     with pytest.raises(SystemExit) as exited:
