@@ -255,37 +255,33 @@ def test_as_many_asks_as_urgent_waiters_and_none_twice(make_lane):
         permit.release()
 
 
+def another_process(make_lane, lane: Lane, width: int) -> Lane:
+    """The same lane through a client of its own: another hub, as another process has."""
+    return make_lane(lane.key, width=width, provision=False)
+
+
+def urgent_ask_reaches(asker: Lane, holder, what: str) -> None:
+    """An urgent waiter on ``asker`` asks ``holder`` for its slot, and gets it."""
+    _, results = start_waiter(asker, I, name="urgent")
+    eventually(lambda: holder.yield_asked, what=what)
+    holder.release()
+    eventually(lambda: results.get("urgent"), what="the urgent grant").release()
+
+
 def test_an_ask_reaches_a_holder_in_another_process_with_no_waiter_there(make_lane):
     lane = make_lane(width=1)
     holder = lane.acquire(B, 1.0)
-    other_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
-    try:
-        other = Lane(other_client, lane.key, width=1, lease_seconds=5.0)
-        _, results = start_waiter(other, I, name="urgent")
-        eventually(lambda: holder.yield_asked, what="the ask across hubs")
-        holder.release()
-        eventually(lambda: results.get("urgent"), what="the urgent grant").release()
-    finally:
-        close_hubs(other_client)
-        other_client.close()
+    urgent_ask_reaches(another_process(make_lane, lane, 1), holder, "the ask across hubs")
 
 
 def test_the_idle_reader_leads_as_soon_as_the_process_takes_a_slot_with_nobody_reading(make_lane, monkeypatch):
     # Its periodic look pushed out of reach: only being woken can make it lead.
     monkeypatch.setattr(doorbell, "IDLE_CHECK_SECONDS", 600.0)
     lane = make_lane(width=1)
-    other_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
-    try:
-        other = Lane(other_client, lane.key, width=1, lease_seconds=5.0)
-        other.acquire(B, 1.0).release()  # the other hub and its idle reader are up, looking rarely
-        holder = other.acquire(B, 1.0)
-        _, results = start_waiter(lane, I, name="urgent")
-        eventually(lambda: holder.yield_asked, what="the ask read by the holder's idle reader")
-        holder.release()
-        eventually(lambda: results.get("urgent"), what="the urgent grant").release()
-    finally:
-        close_hubs(other_client)
-        other_client.close()
+    other = another_process(make_lane, lane, 1)
+    other.acquire(B, 1.0).release()  # the other hub and its idle reader are up, looking rarely
+    holder = other.acquire(B, 1.0)
+    urgent_ask_reaches(lane, holder, "the ask read by the holder's idle reader")
 
 
 def test_the_idle_reader_takes_over_when_the_last_waiter_of_a_process_holding_slots_is_granted(make_lane, monkeypatch):
@@ -294,21 +290,13 @@ def test_the_idle_reader_takes_over_when_the_last_waiter_of_a_process_holding_sl
     # process then holds every slot with no waiter; asks must still be read.
     monkeypatch.setattr(doorbell, "IDLE_CHECK_SECONDS", 600.0)
     lane = make_lane(width=1)
-    other_client = redis.Redis.from_url(make_lane.url, socket_timeout=5)
-    try:
-        other = Lane(other_client, lane.key, width=1, lease_seconds=5.0)
-        first = other.acquire(B, 1.0)
-        _, waiting = start_waiter(other, B, name="next")
-        wait_queued(lane, 1)
-        first.release()
-        holder = eventually(lambda: waiting.get("next"), what="the background waiter's grant")
-        _, results = start_waiter(lane, I, name="urgent")
-        eventually(lambda: holder.yield_asked, what="the ask read after the waiter stopped leading")
-        holder.release()
-        eventually(lambda: results.get("urgent"), what="the urgent grant").release()
-    finally:
-        close_hubs(other_client)
-        other_client.close()
+    other = another_process(make_lane, lane, 1)
+    first = other.acquire(B, 1.0)
+    _, waiting = start_waiter(other, B, name="next")
+    wait_queued(lane, 1)
+    first.release()
+    holder = eventually(lambda: waiting.get("next"), what="the background waiter's grant")
+    urgent_ask_reaches(lane, holder, "the ask read after the waiter stopped leading")
 
 
 async def test_an_asyncio_holder_is_asked_and_resumes_ahead(make_async_lane):
