@@ -23,7 +23,7 @@ from redis.exceptions import NoScriptError
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import ReplyLost, acall_with_run, scripts_for
 from lanes.lane.base import (HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, is_cluster, new_id, new_token,
-                             parse_doorbell, text, unavailable)
+                             parse_doorbell, rejoin_id, text, unavailable)
 from lanes.lane.book import Book, Waiter
 from lanes.lane.keys import wake_channel
 from lanes.lane.model import AsyncPermit, LaneStats
@@ -348,9 +348,14 @@ class AsyncLane(LaneBase):
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
                 remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 started_call = time.monotonic()
-                # The new member first: if the reply is lost, the leave below
-                # must name the entry this call may have made.
-                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms, workflow)
+                # A new id (base.rejoin_id); the new member first: if the reply
+                # is lost, the leave below must name the entry this call may
+                # have made.
+                previous = waiter.member
+                hub.book.remove_waiter(waiter.id)
+                waiter.id = rejoin_id(hub.token, waiter.id)
+                waiter.member = self.member_of(waiter.id, remaining_ms, workflow)
+                hub.book.add_waiter(self, waiter)
                 parsed = await self._acquire_call(hub, waiter.id, priority, remaining_ms, False,
                                                   previous=previous, workflow=workflow)
                 if parsed[0] == "granted":

@@ -54,6 +54,14 @@ def new_id(token: str, resume: bool = False) -> str:
     return f"{token}.{next(_ids)}{YIELDED_ONCE if resume else ''}"
 
 
+def rejoin_id(token: str, lapsed: str) -> str:
+    """A new id for a waiter whose place lapsed (a renewal said 'gone'), with
+    the lapsed id's ``YIELDED_ONCE``: a doorbell still on its way for the
+    lapsed place (a grant the server has since reaped, say while the process
+    was paused) names the old id, and must not grant the new place."""
+    return new_id(token, lapsed.endswith(YIELDED_ONCE))
+
+
 def parse_doorbell(data) -> tuple[str, Generation | None] | None:
     """A message on a process's wake channel: ``(waiter id, generation)`` for a
     grant ("<id> <epoch> <counter>", lib_handoff.lua), ``(holder id, None)``

@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 from lanes.errors import AcquireCancelled, AcquireTimeout, InvalidInput, RedisUnavailable
 from lanes.lane._lua import ReplyLost, close_runner, runner_for
-from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, text, unavailable
+from lanes.lane.base import HAND_OFF_CALLS_MAX, UNAVAILABLE, LaneBase, new_id, rejoin_id, text, unavailable
 from lanes.lane.book import Waiter
 from lanes.lane.cancel import PLAIN_EVENT_CHECK_SECONDS, CancelEvent
 from lanes.lane.hub import SyncHub, close_hubs, hub_for
@@ -209,9 +209,15 @@ class Lane(LaneBase):
                 # 'gone': our place lapsed (a missed renewal or doorbell); rejoin.
                 remaining_ms = -1 if deadline is None else max(0, int((deadline - time.monotonic()) * 1000))
                 sent_at = time.monotonic()
-                # The new member first: if the reply is lost, the leave below
-                # must name the entry this call may have made.
-                previous, waiter.member = waiter.member, self.member_of(waiter.id, remaining_ms, waiter.workflow)
+                # A new id (base.rejoin_id), registered before the call so that
+                # an early doorbell for it is kept; the new member first: if the
+                # reply is lost, the leave below must name the entry this call
+                # may have made.
+                previous = waiter.member
+                hub.remove_waiter(waiter.id)
+                waiter.id = permit.holder_id = rejoin_id(hub.token, waiter.id)
+                waiter.member = self.member_of(waiter.id, remaining_ms, waiter.workflow)
+                hub.add_waiter(self, waiter)
                 parsed = self._acquire_call(hub, waiter.id, waiter.priority, remaining_ms, False,
                                             previous=previous, workflow=waiter.workflow)
                 if parsed[0] == "granted":
