@@ -4,9 +4,9 @@ Celery sizes its consumer's prefetch from the whole pool (``concurrency x
 worker_prefetch_multiplier``). A worker that takes both of a fleet's queues
 has a pool that also holds the background threads (workers/background.py),
 so without this step a width-1 worker would take four urgent messages for
-its two foreground threads: the
-two it cannot start are invisible to every other worker, and lost for a
-whole visibility timeout when this one is killed.
+its two foreground threads: the two it cannot start are invisible to every
+other worker, and lost for a whole visibility timeout when this one is
+killed.
 
 The limit is set as Celery's own starting prefetch count
 (``consumer.initial_prefetch_count``), before the ``Tasks`` step opens the
