@@ -6,6 +6,7 @@ COPY workers ./workers
 COPY scheduler ./scheduler
 COPY migrations ./migrations
 COPY examples ./examples
+COPY deploy/catalog.toml ./deploy/catalog.toml
 RUN pip install --no-cache-dir .
 RUN useradd --system lanes && mkdir -p /var/lib/lanes && chown lanes /var/lib/lanes
 USER lanes

@@ -8,8 +8,12 @@ against its own embedded Redis and ``lanes sim`` in its own process (capacity
 64, 5 ms service), on a two-candidate workflow whose primary is always free.
 "on" is the default share (one script call to draw, one to record the
 primary's outcome); "off" is the same workflow with ``failover = {enabled =
-false}``. Printed: the throughput ratio on / off (median of the rounds) and
-the added milliseconds per request. A speed claim belongs here, never in a test.
+false}``. Printed: walks/s on and off (median of the rounds), the ratio of
+those two medians and, separately, the median of the per-round ratios (each
+round's on and off taken minutes apart at most); the added milliseconds per
+request; and one draw (``ShareController.choose``) against one ``PING`` on the
+same Redis, interleaved, 1,000 each (200 with ``--smoke``). A speed claim
+belongs here, never in a test.
 """
 
 from __future__ import annotations
@@ -49,6 +53,24 @@ def walks(runtime: Runtime, workflow: str, n: int) -> float:
     return time.monotonic() - start
 
 
+def draw_vs_ping(runtime: Runtime, url: str, n: int) -> dict:
+    """p50 of one share draw and of one PING, taken in turns on the same Redis."""
+    route = runtime.workflow("on")
+    client = redis.Redis.from_url(url)
+    draws, pings = [], []
+    for _ in range(n):
+        t = time.perf_counter()
+        runtime.shares.choose(route)
+        draws.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        client.ping()
+        pings.append(time.perf_counter() - t)
+    client.close()
+    draw, ping = statistics.median(draws), statistics.median(pings)
+    return {"draw_p50_ms": round(draw * 1000, 3), "ping_p50_ms": round(ping * 1000, 3),
+            "draw_over_ping": round(draw / ping, 2)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--smoke", action="store_true")
@@ -78,20 +100,24 @@ def main() -> None:
                     on_s.append(walks(runtime, "on", n))
                     off_s.append(walks(runtime, "off", n))
                 share = runtime.shares.store.read("on")
+                draw = draw_vs_ping(runtime, server.url, 200 if args.smoke else 1000)
             finally:
                 runtime.close()
         finally:
             sim.stop()
             server.stop()
     ratios = [off / on for on, off in zip(on_s, off_s)]
+    on_rate, off_rate = n / statistics.median(on_s), n / statistics.median(off_s)
     result = {
         "walks": n, "rounds": rounds,
-        "on_walks_per_s": round(n / statistics.median(on_s), 1),
-        "off_walks_per_s": round(n / statistics.median(off_s), 1),
-        "ratio_on_off_median": round(statistics.median(ratios), 3),
+        "on_walks_per_s": round(on_rate, 1),
+        "off_walks_per_s": round(off_rate, 1),
+        "ratio_of_median_rates": round(on_rate / off_rate, 3),  # on_walks_per_s / off_walks_per_s
+        "ratio_on_off_median": round(statistics.median(ratios), 3),  # the median of the per-round ratios
         "ratios": [round(r, 3) for r in ratios],
         "added_ms_per_walk": round((statistics.median(on_s) - statistics.median(off_s)) / n * 1000, 3),
         "share_after": share.share if share else None,
+        **draw,
         "load_average": [round(x, 2) for x in os.getloadavg()],
     }
     print(json.dumps(result, indent=2))

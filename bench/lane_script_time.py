@@ -3,6 +3,7 @@ private redis-server (``slowlog-log-slower-than 0`` records every command
 with its duration in microseconds, and no other client's calls mix in).
 
     python bench/lane_script_time.py [cycles] [pause_seconds]
+    python bench/lane_script_time.py --smoke    # 50 cycles
 
 The handoff cycle, as the handoff benchmark makes it: a waiter of this
 process queues, ``pause_seconds`` pass (0.002 = the 2 ms the handoff phase
@@ -49,7 +50,9 @@ def durations(client, names: dict) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    cycles = int(argv[0]) if argv else 1000
+    smoke = "--smoke" in argv  # a quick pass (dev.py bench --smoke): 50 cycles
+    argv = [a for a in argv if a != "--smoke"]
+    cycles = int(argv[0]) if argv else (50 if smoke else 1000)
     pause = float(argv[1]) if len(argv) > 1 else 0.0
     server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="lanes-script-time-")))
     try:

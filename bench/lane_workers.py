@@ -10,13 +10,14 @@ TRIVIAL = "return 1"
 
 
 def bare_pair(client, script) -> None:
-    """The baseline: two bare EVALSHA round trips of a trivial script."""
+    """For reference only: two EVALSHA round trips of a trivial script through
+    redis-py's ``Script.__call__`` (the wrapped client)."""
     script(keys=["lanes:bench:trivial"], args=[])
     script(keys=["lanes:bench:trivial"], args=[])
 
 
 def raw_pair(conn, sha: str) -> None:
-    """For reference only: the same two EVALSHA sent on one connection held
+    """The baseline: two EVALSHA of a trivial script sent on one connection held
     directly (no redis-py command wrapper), the path the lane's sync client uses."""
     conn.send_command("EVALSHA", sha, 1, "lanes:bench:trivial")
     conn.read_response()
@@ -30,7 +31,8 @@ ORDER = ("bare", "lane", "raw", "raw", "lane", "bare")
 def slice_modes(slices: int) -> list[str]:
     """Alternating sub-phases in mirrored order (bare, lane, raw, raw, lane,
     bare, ...), so a drift of the machine over the run lands on every mode
-    alike. 'raw' is a reference only: the bare pair on a directly held connection."""
+    alike. 'raw' (the pair on a directly held connection, the lane's own transport)
+    is the baseline; 'bare' (through redis-py's Script) a reference only."""
     return [ORDER[i % len(ORDER)] for i in range(slices)]
 
 

@@ -3,8 +3,9 @@
 5. background backlog: a backlog queued whole before timing (the simulator
    holds every call at capacity 0 while it is submitted, then is raised to
    its capacity), drained by the fleet; tasks/s against the backend's ideal
-   (capacity / service time) and against plain Celery with one thread per
-   lane slot on the same backlog. Two kinds of background work at 50 ms and
+   (capacity / service time) and against plain Celery on the same backlog
+   with as many threads as the fleet runs for its background queue (like
+   with like: the fleet's extra waiting threads are not counted as routing). Two kinds of background work at 50 ms and
    200 ms service: a natively background workflow (``bg``, like
    ``memory_extraction``) and an interactive workflow the caller lowered to
    background (``inter`` at priority background, like ``dialog``), and the
@@ -33,7 +34,7 @@ import threading
 import time
 
 import httpx
-from routing_setup import CHAT, W, Bench, p, settle, wait_ready
+from routing_setup import CHAT, W, Bench, fleet_threads, p, settle, wait_ready
 
 from lanes.catalog import ModelInfo
 from lanes.routing.backend import BackendClient
@@ -157,6 +158,8 @@ def _backlog_row(bench: Bench, width: int, capacity: int, service_ms: int, n: in
     sim = RemoteSim([f"m:{capacity}:{service_ms}"])
     try:
         dep = bench.deploy(sim, width)
+        threads = fleet_threads(dep, background=True)
+        row["fleet_background_threads"] = threads
         try:
             for kind, (workflow, priority) in BACKGROUND_KINDS.items():
                 row[kind] = drain(sim, lambda: dep.client.submit(workflow, CHAT, priority=priority),
@@ -170,9 +173,10 @@ def _backlog_row(bench: Bench, width: int, capacity: int, service_ms: int, n: in
                 sim, lambda: dep.client.submit("bg", CHAT), n, service_ms, width, capacity)
         finally:
             dep.close()
-        plain = bench.plain(sim, width, queue="plain-background")
+        plain = bench.plain(sim, threads, queue="plain-background")
         try:
-            row["plain_celery"] = drain(sim, lambda: plain.submit(sim), n, service_ms, width, capacity)
+            # Its "width" is its thread count: that many calls in flight is its normal, not over-admission.
+            row["plain_celery"] = drain(sim, lambda: plain.submit(sim), n, service_ms, threads, capacity)
         finally:
             plain.close()
         row["back_to_back_client"] = back_to_back(sim, n, service_ms, capacity)

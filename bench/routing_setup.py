@@ -62,6 +62,21 @@ class Bench:
         return Plain(self.next_url(), self.work, concurrency, queue)
 
 
+def fleet_threads(dep, *, background: bool = False) -> int:
+    """The threads the deployment's fleet would run for one of its two queues
+    on the threads pool (workers/fleet.py's plan: two per slot, within its
+    bounds). Plain Celery's baseline gets as many, so that a ratio against it
+    measures routing, not extra threads (issue 41: like with like); on the
+    gevent pool the fleet holds up to ``fleet_held_messages`` green threads
+    a queue, and the lane's width, not that bound, is what admits calls."""
+    from lanes.catalog import load_routing, open_catalog
+    from workers.fleet import plan_fleet
+
+    threads = dep.settings.model_copy(update={"fleet_pool": "threads"})
+    plan = plan_fleet(load_routing(open_catalog(dep.settings, create=False)), "p", threads)
+    return plan.background_held if background else plan.foreground_held
+
+
 class Plain:
     """The baseline: plain Celery tasks on one FIFO queue, calling the simulator."""
 

@@ -14,14 +14,18 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-PROGRAMS = ["bench_lane.py", "bench_routing.py", "bench_control.py", "bench_cli.py"]
+PROGRAMS = ["bench_lane.py", "bench_routing.py", "bench_shares.py", "bench_control.py", "bench_cli.py", "bench_peers.py",
+            "bench_waiting.py", "bench_sim.py", "lane_script_time.py", "api_body_memory.py", "soak.py"]
+# A full run's arguments of its own: the soak's default is half an hour.
+FULL_ARGS = {"soak.py": ["--minutes", "10"]}
 
 
 def main(argv: list[str]) -> int:
     failed = []
     for name in PROGRAMS:
         print(f"=== {name} {' '.join(argv)}", flush=True)
-        code = subprocess.call([sys.executable, str(HERE / name), *argv], cwd=HERE.parent)
+        args = argv or FULL_ARGS.get(name, [])
+        code = subprocess.call([sys.executable, str(HERE / name), *args], cwd=HERE.parent)
         if code != 0:
             failed.append(f"{name} (exit {code})")
     if failed:

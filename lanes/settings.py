@@ -9,25 +9,14 @@ from __future__ import annotations
 import difflib
 import os
 from pathlib import Path
-from typing import Mapping
-from urllib.parse import urlsplit, urlunsplit
+from typing import Literal, Mapping
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
-def mask_url(url: str | None) -> str | None:
-    """Return ``url`` with any password replaced by ``***``."""
-    if not url:
-        return url
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+from lanes.urls import mask_url  # noqa: F401  (also imported from here by its callers)
 
 
 STATE_FOLDER_NAME = ".lanes"
@@ -39,6 +28,41 @@ OTHER_VARIABLES = frozenset({"LANES_REDIS_SERVER", "LANES_VENV", "LANES_TRACEBAC
 OTHER_PREFIXES = ("LANES_TEST_", "LANES_BENCH_")
 
 REDIS_SCHEMES = ("redis", "rediss", "unix")
+
+# ``ssl_cert_reqs`` of a rediss:// URL in either spelling: redis-py's
+# (required) or Python's ssl constant that Celery's own error suggests
+# (CERT_REQUIRED). Normalised to redis-py's, which Celery and kombu read too.
+CERT_REQS = {"required": "required", "cert_required": "required", "optional": "optional",
+             "cert_optional": "optional", "none": "none", "cert_none": "none"}
+
+
+def normalise_tls(url: str) -> str:
+    """``url`` with its ``ssl_cert_reqs`` in the one spelling every client reads.
+
+    A rediss:// URL without one verifies the server's certificate (required),
+    Celery's result store refuses the URL otherwise; an unknown value is
+    refused here, before anything is published.
+    """
+    parts = urlsplit(url)
+    pairs = parse_qsl(parts.query, keep_blank_values=True)
+    seen = False
+    out = []
+    for name, value in pairs:
+        if name == "ssl_cert_reqs":
+            seen = True
+            canonical = CERT_REQS.get(value.strip().lower())
+            if canonical is None:
+                raise ValueError(
+                    f"ssl_cert_reqs={value!r} in {mask_url(url)!r} is not a certificate requirement; "
+                    "use required (CERT_REQUIRED), optional (CERT_OPTIONAL) or none (CERT_NONE)"
+                )
+            value = canonical
+        out.append((name, value))
+    if parts.scheme == "rediss" and not seen:
+        out.append(("ssl_cert_reqs", "required"))
+    if out == pairs:  # nothing to change: the URL as written (urlunsplit would drop unix:///'s empty host)
+        return url
+    return urlunsplit(parts._replace(query=urlencode(out, safe="/")))
 DATABASE_BACKENDS = ("sqlite", "postgresql")
 
 
@@ -99,9 +123,22 @@ class Settings(BaseSettings):
 
     model_config = SettingsConfigDict(env_prefix="LANES_", frozen=True, extra="forbid")
 
-    redis_url: str | None = Field(default=None, description="Redis for lanes, broker and results")
+    redis_url: str | None = Field(default=None, description="Redis of the lanes (and of broker and results by default)")
+    # The broker and the result store may live on a Redis of their own (a
+    # persistent one, while the lanes' runs without persistence); unset, they
+    # share the lanes' Redis (docs/DEPLOYMENT.md, "Durable queue and results").
+    broker_url: str | None = Field(
+        default=None, description="Redis of the Celery broker (or sentinel://...?master_name=NAME); default: redis_url",
+    )
+    result_url: str | None = Field(default=None, description="Redis of the task results; default: redis_url")
     database_url: str | None = Field(default=None, description="SQLAlchemy URL of the catalog")
-    api_token: SecretStr | None = Field(default=None, description="bearer token of the admin API")
+    api_token: SecretStr | None = Field(default=None, description="bearer token of the API's admin scope (all of it)")
+    api_submit_token: SecretStr | None = Field(
+        default=None, description="bearer token of the API's submit scope: tasks and history, not the fleet",
+    )
+    api_max_body_bytes: int | None = Field(
+        default=None, ge=1_024, description="largest request body the API reads; default: max_payload_bytes + 64 KiB",
+    )
     flower_basic_auth: SecretStr | None = Field(
         default=None, description="`lanes flower`'s logins: user:password, several separated by commas",
     )
@@ -119,10 +156,37 @@ class Settings(BaseSettings):
                                    description="requeues of a task whose last candidate's wait timed out")
     capacity_requeue_seconds: float = Field(default=5.0, gt=0, le=3600,
                                             description="first backoff of a capacity requeue; doubles per requeue")
+    # Outages (workers/outage.py): a task whose Redis went away mid-walk waits
+    # this long for it (within its deadline); background work whose candidates
+    # all failed retryably is retried with backoff within its deadline or the horizon.
+    redis_outage_seconds: float = Field(default=300.0, ge=0, le=86_400,
+                                        description="how long a task waits for its Redis to come back")
+    background_retry_seconds: float = Field(default=2.0, gt=0, le=3600,
+                                            description="first backoff of a background outage retry; doubles")
+    background_retry_cap_seconds: float = Field(default=120.0, gt=0, le=86_400,
+                                                description="longest backoff between background outage retries")
+    background_retry_horizon_seconds: float = Field(
+        default=21_600.0, ge=0, le=30 * 86_400,
+        description="how long after its submit a background task without a deadline is still retried")
     visibility_timeout_seconds: int = Field(default=7_200, ge=60)
-    workers_per_lane: int = Field(default=2, ge=1)
-    fleet_min_workers: int = Field(default=2, ge=2)
-    fleet_max_workers: int = Field(default=64, ge=2)
+    # How many messages one fleet worker process takes from each of its
+    # queues at most: each is a lane waiter (or a call) on a green thread of
+    # its own, so all waiting work is in the lane, where priority, shares and
+    # deadlines apply. Past it, the broker keeps the rest in priority order.
+    # About 30 KB of memory each (docs/BENCHMARKS_JOURNAL.md); the memory gate still
+    # stops taking work at its high mark.
+    fleet_held_messages: int = Field(default=2_000, ge=1, le=100_000,
+                                     description="messages a fleet worker process holds per queue (1-100000)")
+    # threads (the default): Celery's threads pool, a thread per held message,
+    # width x 2 threads a queue within 2..64. gevent: a green thread per held
+    # message, up to fleet_held_messages, so every waiting request is a lane
+    # waiter (docs/SCHEDULING.md, "Fleet workers"; not yet the default: see its known gaps).
+    fleet_pool: Literal["gevent", "threads"] = Field(default="threads", description="fleet workers' pool")
+    # A worker refreshes the broker's record of the messages it holds every
+    # third of this; a worker that dies (SIGKILL, OOM, host lost) stops, and
+    # its messages go back to their queue this long after its last refresh.
+    message_lease_seconds: float = Field(default=90.0, ge=3, le=86_400,
+                                         description="a dead worker's messages return after this (3-86400 s)")
     events_max: int = Field(default=100_000, ge=100)
     events_enabled: bool = True
     # The worker memory gate (workers/memgate.py): stop taking tasks at this
@@ -136,11 +200,13 @@ class Settings(BaseSettings):
     # read a container's cgroup mounted elsewhere.
     memory_gate_cgroup: Path | None = Field(default=None, description="cgroup folder the memory gate reads")
 
-    # Memory runs and the beat (see README "Memory runs").
+    # Memory runs and the beat (see docs/MEMORY_RUNS.md).
     memory_retention_days: int = Field(default=7, ge=1, le=366, description="days of history the full scan covers")
     memory_daily_cap: int = Field(default=5_000, ge=0, description="memory runs created per UTC day at most")
     memory_max_attempts: int = Field(default=4, ge=1, description="tries of one memory run before it is failed")
     memory_retry_seconds: float = Field(default=30.0, gt=0, description="first retry delay; doubles per attempt")
+    memory_lease_seconds: float = Field(default=120.0, ge=1, description="a memory run's claim lapses after this "
+                                        "unless its worker renews it (every third of it)")
     memory_workers_per_lane: int = Field(default=2, ge=1)
     memory_workers_floor: int = Field(default=1, ge=1)
     memory_workers_cap: int = Field(default=32, ge=1)
@@ -150,6 +216,9 @@ class Settings(BaseSettings):
     # Prometheus exposition of a fleet worker (``lanes worker``): /metrics on
     # this port; 0 serves nothing (the default, so tests and laptops open no port).
     metrics_port: int = Field(default=0, ge=0, le=65_535, description="port of a worker's /metrics; 0 = off")
+    # Where that port listens: this host only unless told (a container sets
+    # 0.0.0.0 so Prometheus in another container can scrape it).
+    metrics_host: str = Field(default="127.0.0.1", min_length=1, description="address of a worker's /metrics")
     max_payload_bytes: int = Field(default=1_048_576, ge=1_024, description="largest request payload, as JSON")
     idempotency_claim_seconds: float = Field(
         default=10.0, gt=0, description="how long an idempotency key stays bound to a task not yet sent"
@@ -160,18 +229,26 @@ class Settings(BaseSettings):
         # own private parameters and be silently misread.
         super().__init__(**values)
 
-    @field_validator("redis_url")
+    @field_validator("redis_url", "broker_url", "result_url")
     @classmethod
-    def _redis_url_has_a_scheme(cls, value: str | None) -> str | None:
+    def _redis_url_has_a_scheme(cls, value: str | None, info) -> str | None:
         if value is None:
             return None
         scheme = urlsplit(value).scheme if "://" in value else ""
+        # Only the broker may sit behind Sentinel: kombu's Sentinel transport
+        # reads the URL; the lanes and the results are reached with redis-py's URLs.
+        if scheme == "sentinel" and info.field_name == "broker_url":
+            from lanes.sentinel import parse
+
+            parse(value)  # a missing master_name or a bad address is refused here, before anything runs
+            return value
         if scheme not in REDIS_SCHEMES:
+            broker = " (LANES_BROKER_URL also takes sentinel://)" if info.field_name == "broker_url" else ""
             raise ValueError(
                 f"{mask_url(value)!r} is not a Redis URL; write it as redis://HOST:PORT/DB "
-                f"(schemes: {', '.join(s + '://' for s in REDIS_SCHEMES)})"
+                f"(schemes: {', '.join(s + '://' for s in REDIS_SCHEMES)}){broker}"
             )
-        return value
+        return normalise_tls(value)
 
     @field_validator("database_url")
     @classmethod
@@ -215,15 +292,26 @@ class Settings(BaseSettings):
             raise ValueError(
                 f"renew_seconds {self.renew_seconds} must be shorter than lease_seconds {self.lease_seconds}"
             )
+        broker = self.broker_url or self.redis_url
+        if broker is not None and broker[:7].lower() == "unix://":
+            # kombu's Redis transport connects over TCP (or TLS); a unix:// URL
+            # would be read as a transport of that name when the worker starts.
+            which = "LANES_BROKER_URL" if self.broker_url else "LANES_REDIS_URL (the broker's by default)"
+            raise ValueError(
+                f"{which} {mask_url(broker)!r} is a Unix socket, which the Celery broker cannot use; "
+                f"set LANES_BROKER_URL to the same Redis over TCP (redis://HOST:PORT/DB) "
+                f"(the lanes and the results may stay on unix://)"
+            )
         if self.memory_workers_cap < self.memory_workers_floor:
             raise ValueError(
                 f"memory_workers_cap {self.memory_workers_cap} is below memory_workers_floor {self.memory_workers_floor}"
             )
-        if self.fleet_max_workers < self.fleet_min_workers:
-            raise ValueError(
-                f"fleet_max_workers {self.fleet_max_workers} is below fleet_min_workers {self.fleet_min_workers}"
-            )
         return self
+
+    @property
+    def api_body_limit(self) -> int:
+        """The largest request body the API reads (a payload at its limit, plus room for the rest)."""
+        return self.api_max_body_bytes or self.max_payload_bytes + 65_536
 
     @property
     def renew_interval(self) -> float:
@@ -247,11 +335,67 @@ class Settings(BaseSettings):
 
     def __repr_args__(self):
         for name, value in super().__repr_args__():
-            if name in ("redis_url", "database_url"):
+            if name in ("redis_url", "broker_url", "result_url", "database_url"):
                 value = mask_url(value)
             yield name, value
+
+
+def broker_url_of(settings: "Settings", lanes_url: str) -> str:
+    """The broker's Redis: ``LANES_BROKER_URL``, else the lanes' Redis."""
+    return settings.broker_url or lanes_url
+
+
+def result_url_of(settings: "Settings", lanes_url: str) -> str:
+    """The result store's Redis: ``LANES_RESULT_URL``, else the lanes' Redis."""
+    return settings.result_url or lanes_url
 
 
 def load_settings(**overrides) -> Settings:
     """Read the environment now; keyword overrides win over it."""
     return Settings(**overrides)
+
+
+# A secret a server starts with must be at least this long and none of the
+# words an example file ships with (``deploy/env.example``'s "change-me").
+MIN_SECRET_LENGTH = 16
+PLACEHOLDER_WORDS = ("change-me", "changeme", "change_me", "replace-me", "replaceme", "placeholder", "example",
+                     "password", "secret", "xxxx")
+
+
+def weak_secret(value: str) -> str | None:
+    """Why ``value`` is no secret to serve with (never quoting it), or None."""
+    if len(value) < MIN_SECRET_LENGTH:
+        return f"is {len(value)} characters long, shorter than {MIN_SECRET_LENGTH}"
+    lowered = value.lower()
+    word = next((w for w in PLACEHOLDER_WORDS if w in lowered), None)
+    if word is not None:
+        return f"holds the placeholder word {word!r}"
+    if len(set(value)) < 4:
+        return "repeats too few characters"
+    return None
+
+
+def secret_problems(settings: Settings, *, names: tuple[str, ...]) -> list[str]:
+    """One line per weak secret among the settings ``names`` (LANES_API_TOKEN...).
+
+    A Flower login's password is judged alone, and named by its user.
+    """
+    problems = []
+    for name in names:
+        secret = getattr(settings, name)
+        if secret is None:
+            continue
+        variable = f"LANES_{name.upper()}"
+        if name == "flower_basic_auth":
+            for login in secret.get_secret_value().split(","):
+                user, _, password = login.strip().partition(":")
+                why = weak_secret(password)
+                if why:
+                    problems.append(f"{variable}: the password of user {user!r} {why}")
+            continue
+        why = weak_secret(secret.get_secret_value())
+        if why:
+            problems.append(f"{variable} {why}")
+    if problems:
+        problems.append("generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'")
+    return problems

@@ -12,6 +12,9 @@ lock (BEGIN IMMEDIATE), both before alembic reads the version table.
 
 SQLite cannot ALTER most things, so every context renders batch operations
 (``render_as_batch``), which rebuild the table on SQLite and ALTER elsewhere.
+The rebuild drops the old table, so foreign keys are off while migrating
+(their ON DELETE CASCADE would otherwise empty ``workflow_candidates``) and
+checked after each step, before it commits (``lanes.catalog.engine.migrating``).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from alembic import context
 from sqlmodel import SQLModel
 
 import lanes.catalog.tables  # noqa: F401  (registers the tables on SQLModel.metadata)
-from lanes.catalog.engine import SQLITE_BEGIN_OPTION, make_engine
+from lanes.catalog.engine import SQLITE_BEGIN_OPTION, check_foreign_keys, make_engine, sqlite_foreign_keys_off
 
 config = context.config
 target_metadata = SQLModel.metadata
@@ -59,6 +62,8 @@ def _run(connection) -> None:
         target_metadata=target_metadata,
         render_as_batch=True,
         compare_type=True,
+        # After each step, before alembic commits it (SQLite commits step by step).
+        on_version_apply=(lambda ctx, **_: check_foreign_keys(ctx.connection),),
     )
     with context.begin_transaction():
         if connection.dialect.name == "postgresql":
@@ -81,7 +86,7 @@ def run_online() -> None:
         return
     engine = make_engine(_url())
     try:
-        with engine.connect() as connection:
+        with engine.connect() as connection, sqlite_foreign_keys_off(connection):
             _run(connection)
             connection.commit()
     finally:

@@ -1,10 +1,13 @@
 """The beat: one active scheduler fleet-wide, all times UTC.
 
-celery-redbeat keeps the schedule in Redis and holds a Redis lock
-(``{prefix}:beat:lock``, renewed at every tick): a second beat started at
-once blocks on that lock and takes over only when the first stops renewing it
-(it died, or lost Redis), ``beat_lock_seconds`` later. A beat whose renewal
-is refused stops.
+celery-redbeat keeps the schedule in Redis; which beat is active is decided
+by a Redis lock (``{prefix}:beat:lock``) that :class:`scheduler.role.BeatRole`
+requests once per loop, without blocking: the holder renews it, the others
+ask for it and stay standbys while it is held. A holder that stops renewing
+(it died, was paused, or lost Redis) loses it ``beat_lock_seconds`` later
+and a standby takes over. A Redis outage ends no beat: each one stands by
+while Redis is away and asks again every loop, so the schedule comes back
+on its own when Redis does (with the former holder, when its lock survived).
 
 Schedule:
 
@@ -12,8 +15,11 @@ Schedule:
 - ``memory-full`` at 03:02: runs for the whole retention window;
 - ``lane-check`` every 10 s: a lane-config check when the catalog version
   moved, or every ``lane_check_seconds`` (5 minutes) otherwise;
-- at start-up (the first tick after the lock is won): a full memory scan and
-  a lane-config check.
+- each time a beat becomes active: a full memory scan (it also reclaims
+  orphaned runs and sends every run without a message) and a lane check.
+
+Every beat, standby or not, also checks the lane config once at its start
+(seed 004: each process checks at start and on reload).
 
 The jobs run inside the beat that holds the lock rather than on workers:
 they are short scans, and running them where the lock is held means exactly
@@ -27,19 +33,28 @@ import os
 import socket
 import time
 
+import redis
 from celery import Celery
 from celery.schedules import crontab
+from kombu.exceptions import OperationalError
 from redbeat import RedBeatScheduler
 
 from lanes.celery_client import make_celery
+from lanes.errors import LanesError
 from lanes.namespace import Namespace
+from lanes.redis_conn import connect
 from lanes.settings import Settings
+from scheduler.role import BeatRole
 
 log = logging.getLogger("lanes.scheduler")
 
 MEMORY_TICK = "lanes.scheduler.memory_tick"
 LANE_CHECK = "lanes.scheduler.lane_check"
 CATALOG_POLL_SECONDS = 10.0
+# Errors that mean "Redis did not answer": the beat stands by and asks again.
+REDIS_DOWN = (redis.RedisError, OperationalError, OSError)
+# Entries polled so often that announcing each run would flood the log.
+QUIET_ENTRIES = ("lane-check",)
 
 
 def beat_schedule(*, nowfun=None) -> dict:
@@ -76,14 +91,39 @@ def make_beat_app(settings: Settings, redis_url: str) -> Celery:
 
 
 class LanesBeatScheduler(RedBeatScheduler):
-    """RedBeat's scheduler, running its entries in this process, plus the start-up jobs."""
+    """RedBeat's scheduler, running its entries in this process, active only while its lock request succeeds."""
 
     def __init__(self, app, *args, **kwargs) -> None:
-        super().__init__(app, *args, **kwargs)
         self.jobs = app.lanes_jobs
-        self.names = Namespace(app.lanes_settings.key_prefix)
+        settings = app.lanes_settings
+        self.names = Namespace(settings.key_prefix)
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
-        self._started = False
+        self._schedule_ready = False
+        self._checked_at_start = False
+        self._was_active = False
+        super().__init__(app, *args, **kwargs)
+        # The lock is ours to manage (scheduler.role), not redbeat's: without
+        # a lock key its start-up handler never blocks on the lock and its
+        # tick never renews one.
+        self.role = BeatRole(
+            connect(app.conf.redbeat_redis_url, timeout=settings.redis_timeout_seconds),
+            key=self.lock_key, timeout_seconds=float(self.lock_timeout), owner=self.owner,
+        )
+        self.lock_key = None
+
+    def setup_schedule(self):
+        try:
+            super().setup_schedule()
+            self._schedule_ready = True
+        except REDIS_DOWN as exc:
+            # Redis is away at start-up: the first tick that finds it sets the schedule up.
+            log.warning("beat %s: could not store the schedule yet: %s", self.owner, exc)
+
+    @property
+    def _maybe_due_kwargs(self) -> dict:
+        # The jobs run here: no broker producer, whose first connection would
+        # retry for ever if it were made while Redis is away.
+        return {}
 
     def _job(self, task: str):
         return {MEMORY_TICK: self.jobs.memory_tick, LANE_CHECK: self.jobs.lane_check}[task]
@@ -93,25 +133,58 @@ class LanesBeatScheduler(RedBeatScheduler):
         self._run(entry.task, **(entry.kwargs or {}))
         return None
 
+    def maybe_due(self, entry, **kwargs):
+        if entry.name not in QUIET_ENTRIES:
+            return super().maybe_due(entry, **kwargs)
+        # redbeat's own maybe_due announces every run at INFO; the lane-check
+        # poll would write it 8,640 times a day.
+        is_due, next_time_to_run = entry.is_due()
+        if is_due:
+            log.debug("beat: running %s", entry.name)
+            self.apply_async(entry, **kwargs)
+        return next_time_to_run
+
     def _run(self, task: str, **kwargs) -> None:
         try:
             self._job(task)(**kwargs)
+        except (LanesError, *REDIS_DOWN) as exc:
+            # A service away (Redis, the database): one line, and the next tick tries again.
+            log.warning("beat job %s not done: %s", task, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
         except Exception:
             # One failed run of a job must not stop the beat: the next tick tries again.
             log.exception("beat job %s failed", task)
 
+    @property
+    def standby_interval(self) -> float:
+        return self.max_interval
+
     def tick(self, *args, **kwargs):
-        # The lock was won in beat_init, before the first tick: only the
-        # active beat gets here.
-        if not self._started:
-            self._started = True
-            self._mark_active()
-            log.info("beat %s active: start-up scan and lane check", self.owner)
-            self._run(MEMORY_TICK, full=True)
+        if not self._checked_at_start:
+            # Seed 004: every process checks the lane config at its start.
+            self._checked_at_start = True
             self._run(LANE_CHECK, force=True)
-        interval = super().tick(*args, **kwargs)
-        self._mark_active()
-        return interval
+        if not self.role.request():
+            if self._was_active:
+                log.warning("beat %s: no longer active; standing by", self.owner)
+            self._was_active = False
+            return self.standby_interval
+        try:
+            if not self._was_active:
+                self._was_active = True
+                self._mark_active()
+                log.info("beat %s active: start-up scan and lane check", self.owner)
+                self._run(MEMORY_TICK, full=True)
+                self._run(LANE_CHECK, force=True)
+            if not self._schedule_ready:
+                self.setup_schedule()
+            interval = super().tick(*args, **kwargs)
+            self._mark_active()
+            return interval
+        except REDIS_DOWN as exc:
+            # Lost Redis mid-tick: act as a standby until a lock request succeeds again.
+            log.warning("beat %s: Redis did not answer during a tick (%s); standing by", self.owner, exc)
+            self._was_active = False
+            return self.standby_interval
 
     def _mark_active(self) -> None:
         client = self.jobs.client
@@ -124,7 +197,13 @@ class LanesBeatScheduler(RedBeatScheduler):
 
     def close(self) -> None:
         try:
-            if self.lock is not None and self.lock.owned():
+            if self.role.active:
                 self.jobs.client.delete(self.names.beat_active)
+        except REDIS_DOWN:
+            pass
         finally:
-            super().close()
+            self.role.release()
+            try:
+                super().close()
+            except REDIS_DOWN:
+                pass

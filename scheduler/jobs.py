@@ -1,8 +1,9 @@
-"""What the beat runs: the memory-run enqueuer and the lane-config check.
+"""What the beat runs: the memory tick and the lane-config check.
 
 Both are short database and Redis reads and writes, so the active beat runs
-them itself (see :mod:`scheduler.beat`); the memory runs they create go to
-the memory workers as Celery messages.
+them itself (see :mod:`scheduler.beat`). The memory tick is the memory
+feature's own (:func:`lanes.memory.dispatch.memory_tick`): the runs it creates
+go to the memory workers as Celery messages.
 """
 
 from __future__ import annotations
@@ -14,9 +15,9 @@ from lanes.catalog import catalog_version, load_routing
 from lanes.celery_client import make_celery
 from lanes.clock import Clock, SystemClock
 from lanes.errors import LanesError
-from lanes.lanecheck import LaneReport, MismatchLog, check_lanes
 from lanes.memory import open_memory
-from lanes.memory.dispatch import enqueue_and_dispatch
+from lanes.memory.dispatch import memory_tick
+from lanes.ops.lanecheck import LaneReport, MismatchLog, check_lanes
 from lanes.redis_conn import connect
 from lanes.settings import Settings
 
@@ -36,13 +37,8 @@ class SchedulerJobs:
         self._checked_at = float("-inf")
 
     def memory_tick(self, full: bool = False) -> dict:
-        result, sent = enqueue_and_dispatch(
-            self.engine, self.publisher, self.settings, now=self.clock.now(), full=full
-        )
-        summary = {**result.as_dict(), "sent": len(sent)}
-        summary.pop("runs")
-        log.info("memory tick: %s", summary)
-        return summary
+        return memory_tick(self.engine, self.publisher, self.settings, client=self.client, now=self.clock.now(),
+                           full=full)
 
     def lane_check(self, force: bool = False) -> LaneReport | None:
         """Check when forced, when the catalog changed, or every ``lane_check_seconds``."""

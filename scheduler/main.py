@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
             from lanes.metrics.exposition import serve
 
             install(settings)
-            serve(settings.metrics_port)
+            serve(settings.metrics_port, addr=settings.metrics_host)
     except LanesError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

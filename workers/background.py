@@ -21,7 +21,7 @@ the two may hold at once, so
 This replaces a gate that stopped and restarted consuming the background
 queue as its count crossed a limit (``cancel_task_queue`` /
 ``add_task_queue``) and rejected messages that slipped in (kombu puts a
-rejected message back at the tail). Measured (docs/BENCHMARKS.md):
+rejected message back at the tail). Measured (docs/BENCHMARKS_JOURNAL.md):
 
 - on the Redis transport a re-added queue is polled only once the BRPOP
   already pending for the other queue returns, up to ``brpop_timeout`` (1 s)

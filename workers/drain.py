@@ -15,6 +15,7 @@ from importlib.resources import files
 
 import redis
 
+from lanes.broker import bell_key
 from lanes.celery_client import MESSAGE_PRIORITY, celery_config, fleet_queues
 from lanes.settings import Settings
 
@@ -28,9 +29,13 @@ def _source() -> str:
 
 def queue_keys(settings: Settings, queue: str) -> list[str]:
     """The Redis lists kombu keeps for ``queue``: one per priority step (step 0 is the bare name)."""
-    options = celery_config(settings, "redis://unused")["broker_transport_options"]
-    sep = options["sep"]
+    sep = queue_separator(settings)
     return [queue if step == 0 else f"{queue}{sep}{step}" for step in sorted(set(MESSAGE_PRIORITY.values()))]
+
+
+def queue_separator(settings: Settings) -> str:
+    """What kombu puts between a queue's name and its priority step or bell."""
+    return celery_config(settings, "redis://unused")["broker_transport_options"]["sep"]
 
 
 def drain_fleet(client: redis.Redis, settings: Settings, old_fleet: str, new_fleet: str) -> int:
@@ -38,9 +43,10 @@ def drain_fleet(client: redis.Redis, settings: Settings, old_fleet: str, new_fle
     script = client.register_script(_source())
     moved = 0
     for old_queue, new_queue in zip(fleet_queues(old_fleet), fleet_queues(new_fleet)):
+        bell = bell_key(new_queue, queue_separator(settings))
         for old_key, new_key in zip(queue_keys(settings, old_queue), queue_keys(settings, new_queue)):
             while True:
-                count = int(script(keys=[old_key, new_key], args=[old_queue, new_queue, BATCH]))
+                count = int(script(keys=[old_key, new_key, bell], args=[old_queue, new_queue, BATCH]))
                 moved += count
                 if count < BATCH:
                     break

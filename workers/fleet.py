@@ -1,29 +1,27 @@
-"""How many worker threads a fleet runs, and which queues they take.
+"""How many messages a fleet's worker processes hold, and which queues they take.
 
 A fleet is one primary pool's Celery queues and workers, so one pool's
 backlog never blocks another pool's work. Its supervisor runs two worker
 processes: one for the foreground queue (interactive and user-tool work) and
-one for the background queue, each with its own set of threads. Each set
-is sized from the width the fleet must be able to fill, ``width x
-workers_per_lane`` clamped to the floor and cap (``fleet_max_workers``) but
-never below the pool's configured width (a controller's headroom up to a
-large ceiling is filled within the cap, by more workers if need be):
+one for the background queue. Each runs Celery's gevent pool (the default,
+``LANES_FLEET_POOL=gevent``): a message taken from the queue is a task on a green
+thread of its own, which becomes a lane waiter at once and calls its backend
+when granted. Waiting and calling cost no OS thread, so a process takes every
+message that arrives, up to ``fleet_held_messages`` per queue (default 2,000;
+never fewer than the pool's configured width), and all waiting work is in the
+lane, where priority, each workflow's share, deadline minus reserve and the
+fallbacks act on it; past the bound the broker keeps the rest, in priority
+order. ``LANES_FLEET_POOL=threads`` runs Celery's threads pool instead (a
+thread per held message, two per slot within 2..64), whose waiting work
+beyond its threads stays in the broker.
 
-- background work alone can hold every slot and park a waiter per slot, so
-  a freed slot is handed straight to the next background task;
-- foreground work always has a thread per slot whatever background work
-  holds, so urgent requests up to the width reach the lane at once, where
-  they go ahead of every background waiter.
-
-Two processes rather than one pool of both sets: a background backlog turns
-its calls over in bunches (every end is also the next start, handed over in
-the lane), and in one process that bookkeeping competes with an urgent
-request's delivery and admission for the one interpreter lock; in a process
-of its own, the urgent request waits at most for a core, and the system's
-scheduler favours a process that was idle (docs/BENCHMARKS.md, "fifteenth
-round"). A background holder is then asked for its slot across processes
-(the lane's pub/sub ask, read by the background process's idle reader or a
-parked waiter).
+Two processes rather than one: a background backlog turns its calls over in
+bunches (every end is also the next start, handed over in the lane), and in
+one process that bookkeeping competes with an urgent request's delivery and
+admission for the one interpreter lock; in a process of its own, the urgent
+request waits at most for a core, and the system's scheduler favours a
+process that was idle (docs/BENCHMARKS_JOURNAL.md, "fifteenth round"). A background
+holder is then asked for its slot across processes (the lane's pub/sub ask).
 """
 
 from __future__ import annotations
@@ -40,15 +38,16 @@ from lanes.settings import Settings
 class FleetPlan:
     fleet: str
     width: int
-    foreground_threads: int
-    background_threads: int
+    foreground_held: int
+    background_held: int
     foreground_queue: str
     background_queue: str
+    pool: str = "gevent"
 
     @property
-    def concurrency(self) -> int:
-        """Threads of both processes."""
-        return self.foreground_threads + self.background_threads
+    def held(self) -> int:
+        """Messages both processes may hold at once."""
+        return self.foreground_held + self.background_held
 
     @property
     def queues(self) -> tuple[str, str]:
@@ -58,14 +57,14 @@ class FleetPlan:
         """The arguments of ``python -m workers.main`` for each of the plan's
         processes, by role: ``foreground`` and ``background``."""
         return {
-            "foreground": ["--fleet", self.fleet, "--foreground-threads", str(self.foreground_threads)],
-            "background": ["--fleet", self.fleet, "--background-threads", str(self.background_threads)],
+            "foreground": ["--fleet", self.fleet, "--foreground", str(self.foreground_held), "--pool", self.pool],
+            "background": ["--fleet", self.fleet, "--background", str(self.background_held), "--pool", self.pool],
         }
 
     def describe(self) -> str:
         return (
-            f"fleet {self.fleet}: width {self.width}; a process of {self.foreground_threads} threads for "
-            f"{self.foreground_queue}, one of {self.background_threads} for {self.background_queue}"
+            f"fleet {self.fleet}: width {self.width}; a process holding up to {self.foreground_held} messages "
+            f"of {self.foreground_queue}, one up to {self.background_held} of {self.background_queue}"
         )
 
 
@@ -73,7 +72,7 @@ def fleet_width(pool) -> int:
     """The most slots the pool's lane can have: its ceiling while a controller
     may move the width (the fleet must be able to fill whatever it learns),
     else exactly its configured width."""
-    from lanes.pools import running_kinds
+    from lanes.catalog.controllers import running_kinds
 
     return pool.ceiling if running_kinds(pool) else pool.width
 
@@ -81,30 +80,32 @@ def fleet_width(pool) -> int:
 def width_to_fill(table: RoutingTable, fleet: str, settings: Settings) -> int:
     """The number of lane slots this fleet's threads must be able to fill.
 
-    The one place a fleet's size comes from: the primary pool's width, or its
-    ceiling while a controller may move the width (:func:`fleet_width`); a
-    fleet with no lane counts as a pool of the floor's width.
+    The primary pool's width, or its ceiling while a controller may move the
+    width (:func:`fleet_width`); a fleet with no lane counts as width 1.
     """
     pool = table.pools.get(fleet)
-    return fleet_width(pool) if pool is not None else settings.fleet_min_workers
+    return fleet_width(pool) if pool is not None else 1
 
 
-def threads_per_queue(width: int, settings: Settings, *, configured: int | None = None) -> int:
-    """Threads for each of the fleet's two queues.
+# The threads pool's sizing: two threads per slot of the width to fill, within 2..64.
+THREADS_PER_SLOT = 2
+THREADS_FLOOR = 2
+THREADS_CAP = 64
 
-    ``workers_per_lane`` threads per slot of ``width`` keep a waiter ready in
-    the lane for each slot; the floor and ``fleet_max_workers`` bound that.
-    A queue never gets fewer threads than the ``configured`` width (default:
-    ``width``), or it could not fill the lane on its own. The slots a
-    controller may add above the configured width (up to the ceiling) are
-    filled within the cap: a pool whose ceiling is 512 gets
-    ``fleet_max_workers`` threads per queue here, not 512, and more worker
-    processes on the same fleet fill the rest (a lane is shared by any number
-    of workers).
-    """
-    configured = width if configured is None else configured
-    wanted = min(settings.fleet_max_workers, max(settings.fleet_min_workers, width * settings.workers_per_lane))
-    return max(configured, wanted)
+
+def held_per_queue(width: int, settings: Settings, *, fill: int | None = None) -> int:
+    """Messages each of the fleet's processes holds at most, never fewer than
+    ``width`` (the configured width), or one process could not fill the lane
+    on its own. On the gevent pool: ``fleet_held_messages``. On the threads
+    pool (a thread each): two per slot of ``fill`` (the width to fill,
+    default ``width``) within 2..64 and ``fleet_held_messages``. A
+    controller's ceiling above the bound is filled by more worker processes
+    on the same fleet (a lane is shared by all)."""
+    if settings.fleet_pool == "gevent":
+        return max(width, settings.fleet_held_messages)
+    fill = width if fill is None else fill
+    threads = min(THREADS_CAP, settings.fleet_held_messages, max(THREADS_FLOOR, THREADS_PER_SLOT * fill))
+    return max(width, threads)
 
 
 def plan_fleet(table: RoutingTable, fleet: str, settings: Settings) -> FleetPlan:
@@ -113,13 +114,14 @@ def plan_fleet(table: RoutingTable, fleet: str, settings: Settings) -> FleetPlan
         raise InvalidInput(f"unknown fleet {fleet!r} (known: {', '.join(known) or 'none; apply a catalog first'})")
     width = width_to_fill(table, fleet, settings)
     pool = table.pools.get(fleet)
-    threads = threads_per_queue(width, settings, configured=pool.width if pool is not None else width)
+    held = held_per_queue(pool.width if pool is not None else width, settings, fill=width)
     foreground, background = fleet_queues(fleet)
     return FleetPlan(
         fleet=fleet,
         width=width,
-        foreground_threads=threads,
-        background_threads=threads,
+        foreground_held=held,
+        background_held=held,
         foreground_queue=foreground,
         background_queue=background,
+        pool=settings.fleet_pool,
     )

@@ -1,7 +1,7 @@
 """What a worker tells Flower about its lanes.
 
 - :class:`LaneEventSender`: an observer of the walker that sends each task's
-  lane admissions and bypasses as custom task events
+  call starts, lane admissions and bypasses as custom task events
   (:mod:`lanes.flower.lane_events`), in the same batches as Celery's own
   task events.
 - :class:`LanesInfo`: a worker bootstep whose ``info()`` lands in the
@@ -18,7 +18,7 @@ from celery import bootsteps
 
 from lanes.celery_client import HOSTED_FLEET, fleet_of_queue
 from lanes.flower import lane_events
-from lanes.routing.observers import Attempt, BaseObserver, Bypass
+from lanes.routing.observers import Attempt, BaseObserver, Bypass, Calling
 
 log = logging.getLogger("lanes.worker")
 
@@ -38,6 +38,12 @@ class LaneEventSender(BaseObserver):
                    priority=attempt.priority.label, outcome=attempt.outcome,
                    wait_ms=None if attempt.wait_seconds is None else round(attempt.wait_seconds * 1000, 1))
 
+    def on_calling(self, calling: Calling) -> None:
+        if calling.task_id is None:
+            return
+        self._send(lane_events.CALLING, calling.task_id, pool=calling.pool, model=calling.model,
+                   priority=calling.priority.label, at=calling.at)
+
     def on_bypass(self, bypass: Bypass) -> None:
         if bypass.task_id is None:
             return
@@ -51,11 +57,13 @@ class LaneEventSender(BaseObserver):
         # same way, from the pool's threads): one more entry in a batch rather
         # than a producer, a dispatcher and a publish of its own per call,
         # which cost the fleet worker about 9 % of its interpreter time in a
-        # 50 ms background drain (docs/BENCHMARKS.md).
+        # 50 ms background drain (docs/BENCHMARKS_JOURNAL.md). On the gevent pool
+        # (no event loop) workers/green_events.py gives the dispatcher the same
+        # batches, flushed a moment after their first event.
         consumer = getattr(self.worker, "consumer", None)
-        batched = getattr(consumer, "event_dispatcher", None)
-        if batched is not None and batched.enabled and "task" in batched.buffer_group:
-            batched.send(kind, uuid=task_id, **fields)
+        dispatcher = getattr(consumer, "event_dispatcher", None)
+        if dispatcher is not None and dispatcher.enabled:
+            dispatcher.send(kind, uuid=task_id, **fields)
             return
         # Between connections (the consumer has no dispatcher), or outside a
         # worker: a dispatcher of its own, with a producer from the app's pool.
@@ -82,7 +90,7 @@ class LanesInfo(bootsteps.StartStopStep):
 
     @staticmethod
     def _lanes(worker) -> dict:
-        from lanes.lane_stats import pool_rows
+        from lanes.ops.lane_stats import pool_rows
         from lanes.priority import Priority
 
         runtime = worker.app.lanes_context.runtime()

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from lanes.metrics import memory_gate
+from lanes.instruments import memory_gate
 
 log = logging.getLogger("lanes.worker")
 

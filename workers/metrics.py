@@ -25,7 +25,7 @@ class MetricsEndpoint(bootsteps.StartStopStep):
         if not settings.metrics_port or under_supervisor():
             return
         install(settings)
-        self.server = serve(settings.metrics_port)
+        self.server = serve(settings.metrics_port, addr=settings.metrics_host)
 
     def stop(self, worker) -> None:
         if self.server is not None:

@@ -24,11 +24,15 @@ from __future__ import annotations
 
 import logging
 import time
+from importlib.resources import files
 
+from celery import states
 from celery.backends.redis import RedisBackend
-from celery.exceptions import Reject
+from celery.exceptions import BackendStoreError, Reject
+from kombu.utils.encoding import bytes_to_str
+from kombu.utils.objects import cached_property
 
-from lanes.redis_conn import REDIS_UNAVAILABLE
+from lanes.redis_conn import REDIS_UNAVAILABLE, refusal_in_script
 
 log = logging.getLogger("lanes.worker")
 
@@ -45,10 +49,35 @@ PUBLISH_PAUSES = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
 
 
 class PatientRedisBackend(RedisBackend):
-    """Celery's Redis result backend, retrying whatever means "Redis did not answer"."""
+    """Celery's Redis result backend, retrying whatever means "Redis did not
+    answer", and storing a task's state in one round trip."""
 
     def exception_safe_to_retry(self, exc: BaseException) -> bool:
-        return isinstance(exc, REDIS_UNAVAILABLE) or super().exception_safe_to_retry(exc)
+        # Celery's client has redis-py's own parser: a full Redis 6.2 refuses the
+        # store script's write as a plain script error, which is the same refusal.
+        return isinstance(refusal_in_script(exc), REDIS_UNAVAILABLE) or super().exception_safe_to_retry(exc)
+
+    @cached_property
+    def _store_script(self):
+        # Celery's store of a task's state in one round trip (the script's header says how).
+        return self.client.register_script(
+            files("workers").joinpath("scripts", "store_result.lua").read_text(encoding="utf-8"))
+
+    def _store_result(self, task_id, result, state, traceback=None, request=None, **kwargs):
+        # The script reads the stored state as JSON: any other encoding goes Celery's way.
+        if self.serializer != "json" or self.app.conf.result_compression:
+            return super()._store_result(task_id, result, state, traceback=traceback, request=request, **kwargs)
+        meta = self._get_result_meta(result=result, state=state, traceback=traceback, request=request)
+        meta["task_id"] = bytes_to_str(task_id)
+        value = self.encode(meta)
+        if len(value) > self._MAX_STR_VALUE_SIZE:
+            raise BackendStoreError("value too large for Redis backend", state=state, task_id=task_id)
+        expires = self.failure_expires if state == states.FAILURE else self.expires
+        milliseconds = int(float(expires) * 1000) if expires else 0
+        # Run again after a lost reply, it stores the same value (and a second
+        # PUBLISH tells a waiting client what it was told already).
+        self.ensure(self._store_script, ([self.get_key_for_task(task_id)], [value, milliseconds]))
+        return result
 
 
 def patient_backend_url(redis_url: str) -> str:

@@ -1,8 +1,8 @@
 """Keeps one fleet's workers running at the size its pool's width calls for.
 
 A fleet has two worker processes, one per queue (workers/fleet.py); "the
-worker" below is the pair. The threads pool cannot grow in place, so when
-the catalog changes a fleet's size the worker is replaced, without a gap
+worker" below is the pair. A pool cannot change its size in place, so when
+the catalog changes what a fleet's workers hold the worker is replaced, without a gap
 and without cutting calls short:
 
 1. the new worker starts first and is waited for until it answers a ping, so
@@ -24,6 +24,9 @@ fit in the walk budget below Celery's visibility timeout: such a call would
 make the broker hand the task to a second worker while the first still calls.
 A worker process that dies is restarted with a short backoff, the other
 left serving.
+
+The memory fleet is kept by this same supervisor (:mod:`workers.memory.fleet`
+plans it: one process, sized from the memory primary's width).
 """
 
 from __future__ import annotations
@@ -37,14 +40,16 @@ import threading
 import time
 
 import redis
+from sqlalchemy.exc import SQLAlchemyError
 
 from lanes.catalog import RoutingTable, catalog_stamp, load_routing, open_catalog
 from lanes.celery_client import HOSTED_FLEET, make_celery
-from lanes.errors import InvalidInput
+from lanes.errors import DatabaseUnavailable, InvalidInput, LanesError
 from lanes.metrics.exposition import supervised
+from lanes.ops.lanecheck import check_and_record
 from lanes.redis_conn import REDIS_UNAVAILABLE, connect, resolve_redis_url
 from lanes.routing.view import CatalogView
-from lanes.settings import Settings
+from lanes.settings import Settings, broker_url_of
 from workers.drain import drain_fleet
 from workers.fleet import FleetPlan, plan_fleet
 
@@ -90,6 +95,9 @@ def check_timeouts_fit(table: RoutingTable, fleet: str, settings: Settings) -> N
 
 
 class FleetSupervisor:
+    # What each of the plan's processes runs, with the plan's arguments for its role.
+    worker_module = "workers.main"
+
     def __init__(self, settings: Settings, fleet: str, *, poll_seconds: float = 2.0, loglevel: str = "WARNING",
                  echo=print) -> None:
         self.settings = settings
@@ -101,6 +109,7 @@ class FleetSupervisor:
         self._stop = threading.Event()
         self._children: Workers = {}  # by role: foreground, background
         self._retiring: list[threading.Thread] = []
+        self._retired: list[subprocess.Popen] = []  # children winding down: their names are still taken
         self._pool_id: int | None = None  # followed across renames
         self._old_names: set[str] = set()  # names this fleet had before: their queues are drained
         self._generation = 0
@@ -147,10 +156,26 @@ class FleetSupervisor:
     # --- children ---------------------------------------------------------------
 
     def _hostname(self, plan: FleetPlan, role: str, generation: int) -> str:
-        # Each start its own node names: old and new answer pings side by side.
-        suffix = "" if generation == 0 else f"-{generation}"
-        host = socket.gethostname() if role == "foreground" else f"{socket.gethostname()}.{role}"
-        return f"{plan.fleet}@{host}{suffix}"
+        """The first of this role's node names that no running child holds.
+
+        Old and new answer pings side by side during a resize, so a new child
+        takes another name than the one it replaces; but names are reused as
+        soon as their child is gone, so Flower and ``celery inspect`` see the
+        same one or two workers per role across any number of resizes, not a
+        new (and soon offline) worker per resize.
+        """
+        # The plan's first role bears the host's own name (a fleet's foreground worker).
+        first = next(iter(plan.worker_args()))
+        host = socket.gethostname() if role == first else f"{socket.gethostname()}.{role}"
+        self._retired = [child for child in self._retired if child.poll() is None]
+        taken = {getattr(child, "lanes_hostname", None)
+                 for child in (*self._children.values(), *self._retired) if child.poll() is None}
+        slot = 0
+        while True:
+            name = f"{plan.fleet}@{host}{'' if slot == 0 else f'-{slot + 1}'}"
+            if name not in taken:
+                return name
+            slot += 1
 
     def _start(self, plan: FleetPlan) -> Workers:
         """The plan's worker processes (foreground and background), started."""
@@ -165,7 +190,7 @@ class FleetSupervisor:
     def _start_one(self, plan: FleetPlan, role: str, generation: int) -> subprocess.Popen:
         hostname = self._hostname(plan, role, generation)
         child = subprocess.Popen(
-            [sys.executable, "-m", "workers.main", *plan.worker_args()[role], "--loglevel", self.loglevel,
+            [sys.executable, "-m", self.worker_module, *plan.worker_args()[role], "--loglevel", self.loglevel,
              "--hostname", hostname],
             env={**os.environ, **self.metrics.child_env()} if self.metrics else None,
         )
@@ -231,6 +256,7 @@ class FleetSupervisor:
     def _retire(self, workers: Workers) -> None:
         """Stop ``workers`` in the background: the loop keeps watching the new ones."""
         grace = self._grace
+        self._retired.extend(workers.values())
         thread = threading.Thread(target=self._stop_children, args=(workers, grace), name="lanes-retire", daemon=True)
         thread.start()
         self._retiring = [t for t in self._retiring if t.is_alive()] + [thread]
@@ -246,12 +272,25 @@ class FleetSupervisor:
 
     # --- queues of old names --------------------------------------------------------
 
+    def _check_lanes(self, where: str) -> None:
+        """Seed 004: the lane config is checked at start and on every reload, in every process."""
+        try:
+            if self._redis is None:
+                self._redis = connect(resolve_redis_url(self.settings), timeout=self.settings.redis_timeout_seconds)
+        except LanesError as exc:
+            self.echo(f"lane config (fleet {self.fleet} {where}): not checked: {exc}")
+            return
+        check_and_record(self.settings, self.engine, self._redis, where=f"fleet {self.fleet} {where}",
+                         echo=lambda line: self.echo(line))
+
     def _drain_old_queues(self) -> None:
         if not self._old_names:
             return
         try:
             if self._redis is None:
-                self._redis = connect(resolve_redis_url(self.settings), timeout=self.settings.redis_timeout_seconds)
+                # The queues live on the broker's Redis (the lanes' unless LANES_BROKER_URL says otherwise).
+                broker = broker_url_of(self.settings, resolve_redis_url(self.settings))
+                self._redis = connect(broker, timeout=self.settings.redis_timeout_seconds)
             for old in sorted(self._old_names):
                 moved = drain_fleet(self._redis, self.settings, old, self.fleet)
                 if moved:
@@ -269,8 +308,10 @@ class FleetSupervisor:
         version = catalog_stamp(self.engine)
         self.metrics = supervised(self.settings, CatalogView(self.engine, refresh_seconds=5.0).table)
         self._children = self._start(plan)
+        self._check_lanes("start")
         self._drain_old_queues()
         backoff = 1.0
+        catalog_away = False
         try:
             while not self._stop.wait(self.poll_seconds):
                 self._drain_old_queues()
@@ -286,10 +327,21 @@ class FleetSupervisor:
                         self._children[role] = self._start_one(plan, role, self._next_generation())
                     continue
                 backoff = 1.0
-                current = catalog_stamp(self.engine)
+                try:
+                    current = catalog_stamp(self.engine)
+                except (SQLAlchemyError, DatabaseUnavailable) as exc:
+                    # The catalog's database is away: the workers go on with the plan
+                    # they have (they route from their last catalog read too).
+                    if not catalog_away:
+                        self.echo(f"fleet {self.fleet}: catalog database did not answer ({exc.__class__.__name__}); "
+                                  "the worker keeps its plan")
+                    catalog_away = True
+                    continue
+                catalog_away = False
                 if current == version:
                     continue
                 version = current
+                self._check_lanes("reload")
                 try:
                     new_plan = self.plan()
                 except InvalidInput as exc:
@@ -311,7 +363,6 @@ class FleetSupervisor:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from lanes.errors import LanesError
     from lanes.settings import load_settings
 
     parser = argparse.ArgumentParser(prog="python -m workers.supervisor")
@@ -319,8 +370,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--loglevel", default="WARNING")
     parser.add_argument("--poll-seconds", type=float, default=2.0)
     args = parser.parse_args(argv)
+    return run_until_signalled(lambda: FleetSupervisor(
+        load_settings(), args.fleet, poll_seconds=args.poll_seconds, loglevel=args.loglevel))
+
+
+def run_until_signalled(build) -> int:
+    """Run the supervisor ``build()`` makes until SIGTERM or SIGINT (a warm
+    stop); a refusal while building or running is one line and exit 2."""
+    from lanes.errors import LanesError
+
     try:
-        supervisor = FleetSupervisor(load_settings(), args.fleet, poll_seconds=args.poll_seconds, loglevel=args.loglevel)
+        supervisor = build()
         signal.signal(signal.SIGTERM, supervisor.stop)
         signal.signal(signal.SIGINT, supervisor.stop)
         return supervisor.run()

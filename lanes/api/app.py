@@ -15,7 +15,8 @@ import importlib
 
 from fastapi import FastAPI
 
-from lanes.api import errors, pools, service, tasks
+from lanes.api import docs, errors, pools, service, tasks
+from lanes.api.gate import RequestGate
 from lanes.routing.client import LanesClient
 from lanes.settings import Settings, load_settings
 
@@ -35,12 +36,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version=_version(),
         summary="Submit routed work, watch it, and operate the lanes of an LLM inference fleet.",
         lifespan=lifespan,
+        # Served from a package (lanes.api.docs), not a CDN: /docs works offline.
+        docs_url=None,
+        redoc_url=None,
     )
     app.state.client = LanesClient(settings)
     errors.install(app)
     app.include_router(tasks.router)
     app.include_router(pools.router)
     app.include_router(service.router)
+    docs.install(app)
+    # Outermost: a request is refused before its body is read (lanes.api.gate).
+    app.add_middleware(RequestGate)
     install_metrics(settings)
     return app
 

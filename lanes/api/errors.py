@@ -3,8 +3,10 @@
 ``{"error": CODE, "message": ONE LINE NAMING THE BAD VALUE, "problems": [...]}``
 (``problems`` when there are several, as a catalog check or a body check
 finds). Lanes' own errors map by their place in :mod:`lanes.errors`:
-bad input 400 (an unknown pool or workflow in the path 404), a service that
-did not answer 503, anything else 500. Request bodies and query strings that
+bad input 400 (an unknown pool, workflow or task 404), a change that met
+another writer's 409, a service that did not answer 503, anything else 500;
+a body over the limit is 413 (:mod:`lanes.api.gate`), and ``/readyz``'s
+503 is this shape too, with its checks beside it. Request bodies and query strings that
 do not fit their schema are 422, each problem worded as the catalog file's
 (``width: 'four' is not an integer``).
 """
@@ -19,7 +21,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from lanes.catalog.checks import problem_line
-from lanes.errors import CatalogInvalid, InvalidInput, LanesError, NotFound, ServiceUnavailable
+from lanes.errors import CatalogInvalid, Conflict, InvalidInput, LanesError, NotFound, ServiceUnavailable
 from lanes.redis_conn import REDIS_UNAVAILABLE
 
 log = logging.getLogger("lanes.api")
@@ -56,7 +58,8 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(HTTPException)
     async def _http(_request: Request, exc: HTTPException):
-        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}
+        code = {400: "invalid_input", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+                405: "method_not_allowed", 409: "conflict", 413: "too_large"}
         return reply(exc.status_code, code.get(exc.status_code, "http_error"), str(exc.detail),
                      headers=getattr(exc, "headers", None))
 
@@ -83,6 +86,8 @@ def lanes_error_reply(exc: LanesError) -> JSONResponse:
         return reply(404, "not_found", str(exc))
     if isinstance(exc, InvalidInput):
         return reply(400, "invalid_input", str(exc))
+    if isinstance(exc, Conflict):
+        return reply(409, "conflict", str(exc))
     if isinstance(exc, ServiceUnavailable):
         return reply(503, "service_unavailable", str(exc))
     return reply(500, "failed", str(exc))

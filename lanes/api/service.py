@@ -8,12 +8,13 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from lanes.api.auth import require_token
+from lanes.api.auth import require_submit
+from lanes.api.body import CheckedRoute
 from lanes.ops.events import MAX_LIMIT, list_events
 from lanes.ops.health import readiness
 from lanes.ops.history import add_history
 
-router = APIRouter()
+router = APIRouter(route_class=CheckedRoute)
 
 
 @router.get("/v1/events", tags=["events"])
@@ -38,7 +39,7 @@ class HistoryIn(BaseModel):
     messages: list[Any] = Field(description="{chat_id, at (ISO 8601 with a zone), role, text} objects")
 
 
-@router.post("/v1/history", status_code=201, tags=["memory"], dependencies=[Depends(require_token)])
+@router.post("/v1/history", status_code=201, tags=["memory"], dependencies=[Depends(require_submit)])
 def history(body: HistoryIn, request: Request) -> dict:
     """Add chat history for the memory runs: all messages, or none if any is bad."""
     return add_history(request.app.state.client.settings, body.messages)

@@ -13,10 +13,11 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, ConfigDict, Field, StrictStr
 
-from lanes.api.auth import require_token
+from lanes.api.auth import require_submit
+from lanes.api.body import CheckedRoute
 from lanes.errors import InvalidInput
 
-router = APIRouter(prefix="/v1/tasks", tags=["tasks"])
+router = APIRouter(prefix="/v1/tasks", tags=["tasks"], route_class=CheckedRoute)
 
 
 class TaskIn(BaseModel):
@@ -44,7 +45,7 @@ def parse_deadline_field(value: float | str | None) -> float | datetime | None:
         ) from None
 
 
-@router.post("", status_code=202, dependencies=[Depends(require_token)])
+@router.post("", status_code=202, dependencies=[Depends(require_submit)])
 def submit_task(task: TaskIn, request: Request) -> dict:
     """Submit work to a workflow; the task id to watch with ``GET /v1/tasks/{id}``."""
     client = request.app.state.client
@@ -68,7 +69,7 @@ def get_task(task_id: str, request: Request) -> dict:
     return request.app.state.client.result(task_id)
 
 
-@router.delete("/{task_id}", status_code=202, dependencies=[Depends(require_token)])
+@router.delete("/{task_id}", status_code=202, dependencies=[Depends(require_submit)])
 def revoke_task(task_id: str, request: Request) -> dict:
     """Revoke a task: a queued one is dropped, a lane wait is cancelled at once."""
     return request.app.state.client.revoke(task_id)

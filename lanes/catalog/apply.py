@@ -1,7 +1,8 @@
 """Make the database say what a document says: plan the changes, then write them.
 
 ``apply_document`` validates the whole document before opening a transaction,
-plans against a snapshot read under the version lock, and writes every change
+plans against a snapshot read under the version lock, validates the catalog
+the plan would leave (:mod:`lanes.catalog.combined`), and writes every change
 plus one version bump in that same transaction: a reader sees all of it or
 none. A document equal to the database is a no-op (no write, no bump).
 
@@ -18,6 +19,7 @@ from typing import Any, Callable, Collection, Iterable
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection, Engine
 
+from lanes.catalog import combined
 from lanes.catalog.document import CatalogDocument, ModelSpec, PoolSpec, validate
 from lanes.catalog.engine import database_errors, writing
 from lanes.catalog.shown import show
@@ -123,6 +125,9 @@ def apply_document(
             raise CatalogMoved(f"the catalog moved from version {based_on} to {version}")
         current = read_state(conn)
         plan = _Plan(current, desired, prune)
+        # The combination of the file with what it leaves alone must be valid too.
+        for workflow, old, new in combined.check(current, desired, plan.pool_match, prune):
+            plan.changes.append(Change("update", "workflow", workflow, (("fleet", old, new),)))
         if checked_pool_deletions is not None:
             deleted = {c.name for c in plan.changes if c.kind == "pool" and c.action == "delete"}
             unchecked = sorted(deleted - set(checked_pool_deletions))
@@ -299,6 +304,7 @@ def _pool_values(pool: PoolSpec) -> dict:
         "controller_kind": pool.controller_kind,
         "controller_params": dict(pool.controller_params),
         "metrics_url": pool.metrics_url,
+        "endpoints": list(pool.endpoints),
         "enabled": pool.enabled,
         "previous_names": list(pool.previous_names),
     }
@@ -313,5 +319,6 @@ def _model_values(model: ModelSpec, pool_ids: dict[str, int]) -> dict:
         "service": model.service,
         "timeout_ms": model.timeout_ms,
         "api_key_env": model.api_key_env,
+        "concurrency": model.concurrency,
     }
 

@@ -8,6 +8,7 @@ in front of it.
 from __future__ import annotations
 
 import re
+import unicodedata
 from typing import Any, Callable, Iterable
 from urllib.parse import urlsplit
 
@@ -98,7 +99,43 @@ def one_of(choices: tuple[str, ...], what: str) -> Callable[[str], str]:
     return check
 
 
+def _unwritten(value: str) -> tuple[int, str] | None:
+    """The first whitespace or control character of ``value`` (position, name), if any.
+
+    PostgreSQL refuses a NUL in text and SQLite stores it; a newline or a space
+    in a URL is a paste error either way. Refused here so both databases (and
+    the HTTP client) see the same thing.
+    """
+    for position, char in enumerate(value):
+        if char.isspace() or unicodedata.category(char) in ("Cc", "Cf", "Zl", "Zp", "Zs"):
+            name = unicodedata.name(char, "")
+            code = f"U+{ord(char):04X}"
+            return position, f"{name.lower()} ({code})" if name else f"control character {code}"
+    return None
+
+
+def distinct(what: str) -> Callable[[list], list]:
+    """A list whose items differ (a replica listed twice would get twice its share of calls)."""
+
+    def check(values: list) -> list:
+        seen = set()
+        for value in values:
+            key = value.rstrip("/") if isinstance(value, str) else value
+            if key in seen:
+                raise ValueError(f"{show(value)} is listed twice; list {what} once")
+            seen.add(key)
+        return values
+
+    return check
+
+
 def url(value: str) -> str:
+    bad = _unwritten(value)
+    if bad is not None:
+        raise ValueError(
+            f"{show(value)} has a {bad[1]} at position {bad[0]}; a URL has no spaces or control characters "
+            "(percent-encode them)"
+        )
     if len(value) > URL_LENGTH:
         raise ValueError(f"{show(value)} is {len(value)} characters long; a URL may have at most {URL_LENGTH}")
     try:
@@ -163,9 +200,12 @@ def _one_controller(path: str, value: Any) -> list[str]:
     return unknown + [f"{path}.{param}: {message}" for param, message in controllers.problems(checked, kind)]
 
 
-def _key(key: Any) -> str:
-    """A key as it appears in a path: itself when short and plain, else shown."""
+def key_shown(key: Any) -> str:
+    """A key as it appears in a path: itself when short and plain, else shown (shortened)."""
     return key if isinstance(key, str) and _NAME.fullmatch(key) and len(key) <= 40 else show(key)
+
+
+_key = key_shown
 
 
 def duplicates(section: str, named: list[tuple[int, str]]) -> list[str]:

@@ -26,16 +26,21 @@ OFF = "off"
 
 @dataclass(frozen=True)
 class Param:
-    kind: type  # int, float, or list (a list of integers within low..high)
+    kind: type  # int, float, str (one of ``choices``) or list (a list of integers within low..high)
     default: Any
-    low: float
-    high: float
+    low: float = 0
+    high: float = 0
     low_open: bool = False  # True: the value must be strictly above ``low``
     doc: str = ""
     high_open: bool = False  # True: the value must be strictly below ``high``
+    choices: tuple[str, ...] = ()
 
     def problem(self, value: Any) -> str | None:
         """Why ``value`` is unacceptable, or None."""
+        if self.kind is str:
+            if value not in self.choices:
+                return f"{show(value)} is not one of {', '.join(self.choices)}"
+            return None
         if self.kind is list:
             if not isinstance(value, list) or not value:
                 return f"{show(value)} is not a non-empty list of integers"
@@ -62,6 +67,23 @@ def _interval(default: float) -> Param:
     return Param(float, default, 0.0, 3600.0, low_open=True, doc="seconds between two decisions")
 
 
+def _probing() -> dict[str, Param]:
+    """How probes above a measured capacity back off (lanes/control/probing.py)."""
+    return {
+        "probe_backoff": Param(int, 8, 1, 100_000, doc="decisions before the next probe after one failed"),
+        "max_probe_backoff": Param(int, 128, 1, 1_000_000, doc="the back-off doubles per failed probe up to this"),
+    }
+
+
+def _scraping(scrape_seconds: float = 12.0) -> dict[str, Param]:
+    return {
+        "scrape_seconds": Param(float, scrape_seconds, 0.0, 3600.0, low_open=True, doc="least time between two scrapes"),
+        "timeout_seconds": Param(float, 2.0, 0.0, 60.0, low_open=True, doc="one scrape's timeout"),
+        "outage_seconds": Param(float, 300.0, 0.0, 86400.0,
+                                doc="after this long with no endpoint answering, back to the configured width (0: hold)"),
+    }
+
+
 KINDS: dict[str, dict[str, Param]] = {
     # Adaptive off means off: the lane's width is exactly the configured width.
     OFF: {},
@@ -74,19 +96,39 @@ KINDS: dict[str, dict[str, Param]] = {
         "growth_factor": Param(float, 1.5, 1.0, 4.0, low_open=True, doc="width multiplier while no capacity is known"),
         "probe_fraction": Param(float, 0.05, 0.0, 1.0, low_open=True, doc="step above a measured capacity"),
         "interval_seconds": _interval(5.0),
+        **_probing(),
     },
-    # vLLM's Prometheus gauges, scraped from each backend of the pool.
+    # vLLM's Prometheus gauges, scraped from each endpoint of the pool.
     "vllm": {
-        "scrape_seconds": Param(float, 12.0, 0.0, 3600.0, low_open=True, doc="least time between two scrapes"),
-        "timeout_seconds": Param(float, 2.0, 0.0, 60.0, low_open=True, doc="one scrape's timeout"),
+        **_scraping(),
+        "gauge_lag_seconds": Param(float, 6.0, 0.0, 600.0,
+                                   doc="a growth needs a reading taken this long after the width changed"),
         "stale_seconds": Param(float, 60.0, 0.0, 86400.0, low_open=True, doc="a last good scrape older than this is a failure"),
         "waiting_threshold": Param(int, 0, 0, 1_000_000, doc="without the capacity gauge: waiting above this is saturated"),
         "kv_threshold": Param(float, 0.98, 0.0, 1.0, low_open=True, doc="KV-cache usage at or above this is saturated"),
         "near_full": Param(float, 0.8, 0.0, 1.0, low_open=True, doc="running at or above this fraction of the width grows it"),
-        "growth_fraction": Param(float, 0.5, 0.0, 4.0, low_open=True, doc="step while no capacity is known (at least 1)"),
+        "growth_fraction": Param(float, 0.5, 0.0, 4.0, low_open=True,
+                                 doc="step while no capacity is known and no KV gauge measures the room (at least 1)"),
+        "headroom_factor": Param(float, 4.0, 1.0, 64.0, low_open=True,
+                                 doc="the largest growth per reading into the room the KV cache measures"),
         "probe_fraction": Param(float, 0.05, 0.0, 1.0, low_open=True, doc="step above a measured capacity"),
         "max_cut": Param(float, 0.5, 0.0, 1.0, low_open=True, doc="a cut keeps at least (1 - max_cut) of the width"),
         "interval_seconds": _interval(5.0),
+        **_probing(),
+        "cap_backoff": Param(int, 24, 1, 1_000_000,
+                             doc="readings before a probe above a measured running cap (max_num_seqs)"),
+        # Off by default: on an engine whose decode steps slow with the batch, a probe
+        # that holds also shows longer calls and fewer answers, and failing it keeps a
+        # grown backend at its old cap (the live growth test, 6 -> 12, never got there).
+        "lane_probe": Param(float, 0.0, 0.0, 1.0,
+                            doc="a probe above the running cap fails when, the lane full, its calls take this much "
+                                "longer than the yardstick and this share of the width did not run (0, the "
+                                "default: readings alone judge it; 0.03 for backends whose call time does not "
+                                "grow with the batch)"),
+        "lane_rejudge": Param(float, 0.10, 0.0, 1.0,
+                              doc="after a cut to below what a reading showed running, the lane's answers "
+                                  "judge once more when the lane is full, calls take this much longer than the "
+                                  "yardstick and this share of the width did not run (0: no second look)"),
     },
     # Utilisation (the KV-cache gauge) kept near a target, as an autoscaler would.
     "utilisation": {
@@ -96,15 +138,36 @@ KINDS: dict[str, dict[str, Param]] = {
         "min_intervals": Param(int, 6, 1, 10_000, doc="busy intervals a decision needs (gauges are instants)"),
         "max_window_intervals": Param(int, 30, 1, 10_000, doc="a window is judged after this many busy intervals at the latest"),
         "max_rise": Param(float, 2.0, 1.0, 16.0, low_open=True),
-        "scrape_seconds": Param(float, 12.0, 0.0, 3600.0, low_open=True),
-        "timeout_seconds": Param(float, 2.0, 0.0, 60.0, low_open=True),
+        **_scraping(),
         "interval_seconds": _interval(5.0),
+    },
+    # A quantile of vLLM's inter-token latency or time to first token (its
+    # histograms, per endpoint, the worst one counting) kept under a target.
+    "latency": {
+        "signal": Param(str, "inter_token", choices=("inter_token", "ttft"), doc="which histogram"),
+        "quantile": Param(float, 0.95, 0.5, 0.999, doc="which quantile of it"),
+        "target_ms": Param(float, 50.0, 0.0, 600_000.0, low_open=True, doc="the quantile to stay under"),
+        "tolerance": Param(float, 0.5, 0.0, 0.99,
+                           doc="grow only while the share over the target is below (1 - quantile) x (1 - tolerance)"),
+        "min_samples": Param(int, 50, 1, 10_000_000, doc="observations an endpoint needs to be judged"),
+        "growth_fraction": Param(float, 0.25, 0.0, 4.0, low_open=True, doc="the largest step up"),
+        "probe_fraction": Param(float, 0.05, 0.0, 1.0, low_open=True, doc="the step that counts as a small probe"),
+        "max_cut": Param(float, 0.5, 0.0, 1.0, low_open=True, doc="a cut keeps at least (1 - max_cut) of the width"),
+        **_scraping(5.0),
+        "interval_seconds": _interval(5.0),
+        **_probing(),
     },
 }
 
 
 def _typed(param: Param, value: Any) -> Any:
     return [int(v) for v in value] if param.kind is list else param.kind(value)
+
+
+def filled(params: dict[str, Any], kind: str) -> dict[str, Any]:
+    """Stored ``params`` with any parameter added since they were stored at its default."""
+    spec = KINDS.get(kind, {})
+    return {**{name: param.default for name, param in spec.items()}, **params}
 
 
 def normalise(params: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -159,3 +222,14 @@ def file_form(kind_text: str, params: dict[str, Any]) -> dict[str, Any] | list[d
         return {"kind": OFF}
     tables = [{"kind": kind, **params.get(kind, {})} for kind in kinds]
     return tables[0] if len(tables) == 1 else tables
+
+
+def running_kinds(pool) -> dict[str, dict]:
+    """The controllers of ``pool`` (a :class:`~lanes.catalog.routing.PoolInfo`) that run
+    (kind -> parameters); {} when off."""
+    return {kind: params for kind, params in pool.controllers.items() if kind in KINDS and kind != OFF}
+
+
+def kinds_text(pool) -> str:
+    """The running controllers' kinds as stored beside a learned width (``vllm,overload``)."""
+    return ",".join(sorted(running_kinds(pool)))

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, ValidationError
 
-from lanes.catalog import checks, controllers, failover
+from lanes.catalog import checks, controllers, failover, files
 from lanes.catalog.shown import show
 from lanes.errors import CatalogInvalid
 
@@ -42,6 +42,10 @@ class PoolIn(_Item):
     # One controller table, or a list of them (composed by veto).
     controller: dict[str, Any] | list[dict[str, Any]] = Field(default_factory=lambda: {"kind": "off"})
     metrics_url: Annotated[StrictStr, AfterValidator(checks.url)] | None = None
+    # The pool's replicas, each an OpenAI base URL (``http://gpu0:8000/v1``): calls
+    # go to the one with the least in flight, and each is scraped apart.
+    endpoints: Annotated[list[Annotated[StrictStr, AfterValidator(checks.url)]],
+                         AfterValidator(checks.distinct("an endpoint"))] = Field(default_factory=list)
     enabled: StrictBool = True
     previous_names: list[Name] = Field(default_factory=list)
 
@@ -54,6 +58,8 @@ class ModelIn(_Item):
     service: StrictStr | None = None
     timeout_ms: Annotated[StrictInt, AfterValidator(checks.within(1, 3_600_000, "a timeout_ms"))] = 60_000
     api_key_env: Annotated[StrictStr, AfterValidator(checks.env_name)] | None = None
+    # A hosted model's (no pool) fleet-wide limit of calls at once; None: unbounded.
+    concurrency: Annotated[StrictInt, AfterValidator(checks.within(1, 1_000_000, "a concurrency"))] | None = None
 
 
 class WorkflowIn(_Item):
@@ -93,6 +99,7 @@ class PoolSpec:
     metrics_url: str | None
     enabled: bool
     previous_names: tuple[str, ...]
+    endpoints: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -104,6 +111,7 @@ class ModelSpec:
     service: str | None
     timeout_ms: int
     api_key_env: str | None
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -136,11 +144,14 @@ class CatalogDocument:
 def validate(document: Any) -> CatalogDocument:
     """The normalised document, or :class:`CatalogInvalid` listing every problem."""
     problems: list[str] = []
+    if files.too_deep(document):
+        # A document that did not come through a file (an API body) is bounded too.
+        raise CatalogInvalid([f"(top): nested more than {files.MAX_DEPTH} levels deep; a catalog needs five at most"])
     if not isinstance(document, dict):
         raise CatalogInvalid([f"(top): {checks.show(document)} is not a table of {', '.join(SECTIONS)}"])
     for key in document:
         if key not in SECTIONS:
-            problems.append(f"{key}: unknown key (known: {', '.join(SECTIONS)})")
+            problems.append(f"{checks.key_shown(key)}: unknown key (known: {', '.join(SECTIONS)})")
     items: dict[str, list[tuple[int, _Item]]] = {}
     declared: dict[str, set[str]] = {}
     for section in SECTIONS:
@@ -202,6 +213,12 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
                 f"{path}.service: {show(model.service)} is not a service in this file"
                 f"{checks.known(declared['services'])}"
             )
+        if model.concurrency is not None and model.pool is not None:
+            problems.append(
+                f"{path}.concurrency: {model.concurrency} on model {model.name!r}, which has pool "
+                f"{show(model.pool)}; a pooled model's calls at once are its pool's width: drop concurrency "
+                "(it limits hosted models, with no pool)"
+            )
         if model.service is not None and model.pool is None:
             problems.append(
                 f"{path}.pool: missing; model {model.name!r} is served by farm service {show(model.service)}, "
@@ -238,7 +255,7 @@ def _cross_check(items: dict[str, list[tuple[int, _Item]]], declared: dict[str, 
 
 
 def _failover_problems(path: str, workflow: WorkflowIn, model_timeouts: dict[str, int]) -> list[str]:
-    found = [f"{path}.failover{'.' + key if key else ''}: {message}"
+    found = [f"{path}.failover{'.' + checks.key_shown(key) if key else ''}: {message}"
              for key, message in failover.problems(workflow.failover)]
     if found or not isinstance(workflow.failover, dict) or not workflow.candidates:
         return found
@@ -275,12 +292,13 @@ def _normalise(items: dict[str, list[tuple[int, _Item]]]) -> CatalogDocument:
                 metrics_url=pool.metrics_url,
                 enabled=pool.enabled,
                 previous_names=tuple(pool.previous_names),
+                endpoints=tuple(e.rstrip("/") for e in pool.endpoints),
             )
         )
     return CatalogDocument(
         pools=tuple(pools),
         models=tuple(
-            ModelSpec(m.name, m.base_url, m.kind, m.pool, m.service, m.timeout_ms, m.api_key_env)
+            ModelSpec(m.name, m.base_url, m.kind, m.pool, m.service, m.timeout_ms, m.api_key_env, m.concurrency)
             for _, m in items["models"]
         ),
         workflows=tuple(

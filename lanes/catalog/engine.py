@@ -96,6 +96,51 @@ def reading(engine: Engine) -> Iterator[Connection]:
             yield conn
 
 
+@contextlib.contextmanager
+def migrating(engine: Engine) -> Iterator[Connection]:
+    """A write transaction for schema changes.
+
+    On SQLite, with foreign keys off for its length: SQLite cannot ALTER most
+    things, so a revision rebuilds a table (copy, DROP, rename), and a DROP
+    with foreign keys on runs their ON DELETE actions: dropping ``workflows``
+    would delete every workflow's candidates. SQLite honours the switch only
+    outside a transaction, so it is set before BEGIN and restored after;
+    :func:`check_foreign_keys` then proves the rebuilt tables still agree.
+    """
+    with engine.connect() as conn:
+        with sqlite_foreign_keys_off(conn):
+            conn.execution_options(**{SQLITE_BEGIN_OPTION: "IMMEDIATE"})
+            with conn.begin():
+                yield conn
+
+
+@contextlib.contextmanager
+def sqlite_foreign_keys_off(conn: Connection) -> Iterator[None]:
+    """Foreign keys off on a SQLite connection not yet in a transaction (else nothing)."""
+    raw = conn.connection.dbapi_connection if is_sqlite(conn) else None
+    if raw is None or raw.in_transaction:
+        yield
+        return
+    raw.execute("PRAGMA foreign_keys=OFF")
+    try:
+        yield
+    finally:
+        raw.execute("PRAGMA foreign_keys=ON")
+
+
+def check_foreign_keys(conn: Connection) -> None:
+    """Refuse (roll back) a SQLite migration that left a row pointing nowhere."""
+    if not is_sqlite(conn):
+        return
+    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+    if broken:
+        table, rowid, parent, _ = broken[0]
+        raise LanesError(
+            f"the migration was refused: it would leave {len(broken)} row(s) referring to rows that are gone "
+            f"(first: {table} row {rowid} refers to a missing {parent} row); nothing was changed"
+        )
+
+
 def is_sqlite(engine_or_connection) -> bool:
     return engine_or_connection.dialect.name == "sqlite"
 

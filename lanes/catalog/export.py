@@ -31,6 +31,7 @@ def to_document(catalog: CatalogDocument) -> dict:
                 "ceiling": p.ceiling,
                 "enabled": p.enabled,
                 "metrics_url": p.metrics_url,
+                **({"endpoints": list(p.endpoints)} if p.endpoints else {}),
                 "controller": controllers.file_form(p.controller_kind, p.controller_params),
                 "previous_names": list(p.previous_names),
             }
@@ -45,6 +46,7 @@ def to_document(catalog: CatalogDocument) -> dict:
                 "service": m.service,
                 "timeout_ms": m.timeout_ms,
                 "api_key_env": m.api_key_env,
+                **({"concurrency": m.concurrency} if m.concurrency is not None else {}),
             }
             for m in catalog.models
         ],

@@ -1,4 +1,11 @@
-"""Reading catalog files (TOML or YAML) and writing documents back out."""
+"""Reading catalog files (TOML or YAML) and writing documents back out.
+
+A file costs what the cap allows, whatever it is: at most
+:data:`~lanes.catalog.yaml_strict.MAX_DOCUMENT_BYTES` (plus one) bytes are
+read, so a 200 MB file or ``/dev/zero`` is refused without being loaded. A
+document nested deeper than :data:`MAX_DEPTH` is refused with one line (the
+parsers recurse; 10,000 levels would otherwise end in a RecursionError).
+"""
 
 from __future__ import annotations
 
@@ -13,6 +20,10 @@ from lanes.catalog import yaml_strict
 from lanes.errors import InvalidInput
 
 FORMATS = {".toml": "toml", ".yaml": "yaml", ".yml": "yaml"}
+# Containers inside containers. A catalog is five deep at most
+# (section, item, controller list, controller, statuses); the parsers recurse
+# about twice per level, so the bound stays far from Python's stack limit.
+MAX_DEPTH = 32
 
 
 def read_document(path: str | Path, *, format: str | None = None) -> Any:
@@ -21,18 +32,53 @@ def read_document(path: str | Path, *, format: str | None = None) -> Any:
     format = format or FORMATS.get(path.suffix.lower())
     if format is None:
         raise InvalidInput(f"{path}: unknown file type {path.suffix!r} (use .toml, .yaml or .yml)")
+    limit = yaml_strict.MAX_DOCUMENT_BYTES
     try:
-        text = path.read_text(encoding="utf-8")
+        with path.open("rb") as file:
+            data = file.read(limit + 1)  # never more than the cap, whatever the file is
+        if len(data) > limit:
+            raise InvalidInput(f"{path}: {_too_large()}")
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) else exc
         raise InvalidInput(f"{path}: cannot read the file: {reason}") from None
     return parse(text, format, source=str(path))
 
 
+def _too_large() -> str:
+    limit = yaml_strict.MAX_DOCUMENT_BYTES // (1024 * 1024)
+    return f"the file is over {limit} MiB; a catalog file is a few hundred KiB at most"
+
+
 def parse(text: str, format: str, *, source: str = "<text>") -> Any:
     if len(text) > yaml_strict.MAX_DOCUMENT_BYTES:
-        limit = yaml_strict.MAX_DOCUMENT_BYTES // (1024 * 1024)
-        raise InvalidInput(f"{source}: the file is over {limit} MiB; a catalog file is a few hundred KiB at most")
+        raise InvalidInput(f"{source}: {_too_large()}")
+    try:
+        document = _parse(text, format, source)
+    except RecursionError:
+        document = None  # only a document nested far deeper than the bound gets here
+        deep = True
+    else:
+        deep = too_deep(document)
+    if deep:
+        raise InvalidInput(f"{source}: nested more than {MAX_DEPTH} levels deep; a catalog needs five at most")
+    return document
+
+
+def too_deep(document: Any, limit: int = MAX_DEPTH) -> bool:
+    """Whether ``document`` nests lists and tables more than ``limit`` levels (walked without recursion)."""
+    stack = [(document, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return False
+
+
+def _parse(text: str, format: str, source: str) -> Any:
     if format == "toml":
         try:
             return tomllib.loads(text)

@@ -26,7 +26,7 @@ from alembic.script import ScriptDirectory
 from alembic.util import CommandError
 from sqlalchemy.engine import Engine, make_url
 
-from lanes.catalog.engine import database_errors, make_engine, writing
+from lanes.catalog.engine import database_errors, make_engine, migrating
 from lanes.errors import InvalidInput
 from lanes.settings import mask_url
 
@@ -154,7 +154,7 @@ def downgrade(
         if not dry_run:
             _run(url, lambda config: command.downgrade(config, revision), progress)
             return
-        with _MIGRATING, _echo_progress(progress), database_errors(url), writing(engine) as conn:
+        with _MIGRATING, _echo_progress(progress), database_errors(url), migrating(engine) as conn:
             try:
                 with alembic_config(connection=conn) as config:
                     command.downgrade(config, revision)
@@ -204,7 +204,7 @@ def _upgrade_schema(engine: Engine, script: ScriptDirectory, head: str) -> None:
     # A second process doing the same waits on the lock env.py takes and then
     # finds the schema at head.
     with database_errors(engine):
-        with writing(engine) as conn, alembic_config(connection=conn) as config:
+        with migrating(engine) as conn, alembic_config(connection=conn) as config:
             command.upgrade(config, SCHEMA_HEAD)
 
 

@@ -32,6 +32,7 @@ class PoolInfo:
     previous_names: tuple[str, ...]
     # kind -> parameters of every controller in effect ({} when off)
     controllers: dict = field(hash=False, default_factory=dict)
+    endpoints: tuple[str, ...] = ()  # the replicas' base URLs ((): the models' base_url)
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,8 @@ class ModelInfo:
     service: str | None
     timeout_seconds: float
     api_key_env: str | None
+    # A hosted model's fleet-wide limit of calls at once (its own lane); None: unbounded.
+    concurrency: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,8 +90,9 @@ def load_routing(engine: Engine) -> RoutingTable:
             metrics_url=row.spec.metrics_url,
             enabled=row.spec.enabled,
             previous_names=row.spec.previous_names,
-            controllers={kind: dict(row.spec.controller_params.get(kind, {}))
+            controllers={kind: controllers.filled(dict(row.spec.controller_params.get(kind, {})), kind)
                          for kind in controllers.kinds_of(row.spec.controller_kind)},
+            endpoints=row.spec.endpoints,
         )
         for name, row in state.pools.items()
     }
@@ -101,6 +105,7 @@ def load_routing(engine: Engine) -> RoutingTable:
             service=row.spec.service,
             timeout_seconds=row.spec.timeout_ms / 1000,
             api_key_env=row.spec.api_key_env,
+            concurrency=row.spec.concurrency,
         )
         for name, row in state.models.items()
     }

@@ -78,6 +78,7 @@ def read_state(conn: Connection) -> CatalogState:
                 controller_kind=row["controller_kind"],
                 controller_params=dict(row["controller_params"] or {}),
                 metrics_url=row["metrics_url"],
+                endpoints=tuple(row["endpoints"] or ()),
                 enabled=bool(row["enabled"]),
                 previous_names=tuple(row["previous_names"] or ()),
             ),
@@ -97,6 +98,7 @@ def read_state(conn: Connection) -> CatalogState:
                 service=row["service"],
                 timeout_ms=row["timeout_ms"],
                 api_key_env=row["api_key_env"],
+                concurrency=row.get("concurrency"),
             ),
         )
         for row in model_rows

@@ -52,6 +52,8 @@ class Pool(SQLModel, table=True):
     controller_kind: str = Field(default="off", max_length=40)
     controller_params: dict = Field(default_factory=dict, sa_column=_json_column())
     metrics_url: str | None = Field(default=None, max_length=URL_LENGTH)
+    # The replicas' base URLs (a JSON list; [] when the models' base_url is the only address).
+    endpoints: list = Field(default_factory=list, sa_column=_json_column())
     enabled: bool = True
     # Oldest first. Renames keep the id; these names let people and logs find it.
     previous_names: list = Field(default_factory=list, sa_column=_json_column())
@@ -81,6 +83,8 @@ class Model(SQLModel, table=True):
     timeout_ms: int
     # The *name* of an environment variable; the key itself is never stored.
     api_key_env: str | None = Field(default=None, max_length=NAME_LENGTH)
+    # A hosted model's (no pool) fleet-wide limit of calls at once; NULL: unbounded.
+    concurrency: int | None = Field(default=None)
 
 
 class Workflow(SQLModel, table=True):

@@ -4,12 +4,14 @@ PyYAML's ``safe_load`` is YAML 1.1 with its surprises, each refused here with
 a one-line error naming the line and the value:
 
 - a repeated key silently overwrites the first (``width: 2`` then ``width: 20``
-  gives 20; a second ``pools:`` replaces the whole first list);
+  gives 20; a second ``pools:`` replaces the whole first list), on separate
+  lines or on one (``{name: a, width: 2, width: 20}``);
 - YAML 1.1 number forms read as numbers nobody wrote: ``010`` is 8 (octal),
   ``1:30`` is 90 (base 60), ``0x10``, ``0b10`` and ``1_000`` are numbers too.
   Only plain decimals are numbers here; quote anything else;
 - aliases expand: a 926-byte file of nested aliases is billions of values once
-  something walks it. The text, the alias count and the expanded size are capped.
+  something walks it. The text, the alias count and the expanded size are capped,
+  and an alias inside the value it names (``a: &a [*a]``) is refused.
 """
 
 from __future__ import annotations
@@ -51,20 +53,22 @@ class _StrictLoader(yaml.SafeLoader):
         return super().compose_node(parent, index)
 
     def construct_mapping(self, node: MappingNode, deep: bool = False) -> dict:
-        seen: dict[Any, int] = {}
+        seen: dict[Any, Node] = {}
         for key_node, _ in node.value:
             if key_node.tag == "tag:yaml.org,2002:merge":
                 continue
             key = self.construct_object(key_node, deep=True)
             try:
-                first = seen.setdefault(key, key_node.start_mark.line + 1)
+                first = seen.setdefault(key, key_node)
             except TypeError:
                 continue  # an unhashable key: construct_mapping below refuses it
-            if first != key_node.start_mark.line + 1:
+            if first is not key_node:
+                mark = first.start_mark
                 raise ConstructorError(
                     None,
                     None,
-                    f"duplicate key {_short(key)} (first on line {first}); each key may appear once",
+                    f"duplicate key {_short(key)} (first on line {mark.line + 1}, column {mark.column + 1}); "
+                    "each key may appear once",
                     key_node.start_mark,
                 )
         return super().construct_mapping(node, deep=deep)
@@ -125,6 +129,7 @@ def _check_expanded_size(root: Node) -> None:
     expanded size is counted once (memoised by identity), children first.
     """
     sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()  # nodes whose children are still being counted: the path from the root
     stack: list[tuple[Node, bool]] = [(root, False)]
     while stack:
         node, children_done = stack.pop()
@@ -132,9 +137,17 @@ def _check_expanded_size(root: Node) -> None:
             continue
         children = _children(node)
         if not children_done:
+            if id(node) in open_nodes:
+                # An alias to a node that contains it (``a: &a [*a]``): infinitely large.
+                raise DocumentTooLarge(
+                    f"an alias refers to a value that contains it (line {node.start_mark.line + 1}); "
+                    "write the values out instead"
+                )
+            open_nodes.add(id(node))
             stack.append((node, True))
             stack.extend((child, False) for child in children if id(child) not in sizes)
             continue
+        open_nodes.discard(id(node))
         total = 1 + sum(sizes.get(id(child), 0) for child in children)
         if total > MAX_EXPANDED_NODES:
             raise DocumentTooLarge(

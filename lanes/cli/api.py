@@ -17,13 +17,21 @@ from lanes.cli.common import pass_settings
 def command(settings, host, port, log_level) -> None:
     """Serve the HTTP API: submit and watch tasks, read and change pools, events, health.
 
-    Changes (submit, revoke, PATCH, history) need 'Authorization: Bearer
-    TOKEN' with TOKEN from LANES_API_TOKEN; without it set they are refused.
+    Changes need 'Authorization: Bearer TOKEN': LANES_API_TOKEN for all of
+    them, LANES_API_SUBMIT_TOKEN for tasks and history only; without a token
+    set they are refused. A token shorter than 16 characters, or an example
+    file's placeholder, is refused at start.
     The OpenAPI document is at /openapi.json, browsable at /docs.
     """
     import uvicorn
 
     from lanes.api.app import create_app
+    from lanes.errors import InvalidInput
+    from lanes.settings import secret_problems
+
+    weak = secret_problems(settings, names=("api_token", "api_submit_token"))
+    if weak:
+        raise InvalidInput("refusing to serve with a weak token: " + "; ".join(weak))
 
     if settings.api_token is None:
         click.echo("warning: LANES_API_TOKEN is not set: reads work, every change is refused (403)", err=True)

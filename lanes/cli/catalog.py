@@ -26,10 +26,14 @@ def command() -> None:
     "--force", is_flag=True, help="With --prune: remove pools even with work on them, or every pool."
 )
 @click.option("--format", "format_", type=FORMAT, help="File format (default: from the suffix).")
+@click.option("--if-empty", is_flag=True,
+              help="Apply only to a catalog with no pools, models or workflows yet (a stack's first start); "
+                   "otherwise change nothing, so changes made since are kept.")
 @json_option
 @pass_settings
 def apply(
-    settings, file: Path, dry_run: bool, prune: bool, force: bool, format_: str | None, as_json: bool
+    settings, file: Path, dry_run: bool, prune: bool, force: bool, format_: str | None, as_json: bool,
+    if_empty: bool = False,
 ) -> None:
     """Make the catalog say what FILE (TOML or YAML) says.
 
@@ -48,6 +52,20 @@ def apply(
     # Before touching the database at all, not even to create it.
     validate(document)
     engine = open_catalog(settings)
+    if if_empty:
+        from lanes.catalog.export import read_catalog
+
+        try:
+            state = read_catalog(engine)
+        except BaseException:
+            engine.dispose()
+            raise
+        held = {"pools": len(state.pools), "models": len(state.models), "workflows": len(state.workflows)}
+        if any(held.values()):
+            engine.dispose()
+            counts = ", ".join(f"{count} {kind}" for kind, count in held.items())
+            click.echo(f"the catalog already holds {counts} (version {state.version}); --if-empty leaves it as it is")
+            return
     try:
         in_use: dict[str, str] = {}
         checked = None
@@ -65,7 +83,8 @@ def apply(
     finally:
         engine.dispose()
     if as_json:
-        emit_json({**changes.to_dict(), "in_use": in_use, "leaves_empty": changes.leaves_empty})
+        emit_json({**changes.to_dict(), "in_use": in_use, "leaves_empty": changes.leaves_empty,
+                   "warnings": _fail_closed(settings, document)})
         return
     for change in changes.changes:
         note = in_use.get(change.name) if change.kind == "pool" and change.action == "delete" else None
@@ -78,6 +97,24 @@ def apply(
         click.echo(f"dry run: {len(changes.changes)} change(s) not written")
     else:
         click.echo(f"applied {len(changes.changes)} change(s); catalog version {changes.version}")
+    for line in _fail_closed(settings, document):
+        click.echo(f"warning: {line}", err=True)
+
+
+def _fail_closed(settings, document) -> list[str]:
+    """Pools whose controllers would fail closed on workers started with these settings."""
+    from lanes.catalog import validate
+    from lanes.catalog.controllers import kinds_of
+    from lanes.catalog.routing import PoolInfo, RoutingTable
+    from lanes.control.loop import fail_closed_warnings
+
+    pools = {}
+    for i, pool in enumerate(validate(document).pools):
+        kinds = {k: pool.controller_params.get(k, {}) for k in kinds_of(pool.controller_kind)}
+        pools[pool.name] = PoolInfo(id=i, name=pool.name, width=pool.width, floor=pool.floor, ceiling=pool.ceiling,
+                                    controller={}, metrics_url=pool.metrics_url, enabled=pool.enabled,
+                                    previous_names=(), controllers=kinds)
+    return fail_closed_warnings(settings, RoutingTable(0, {}, pools, {}))
 
 
 @command.command()

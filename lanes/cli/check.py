@@ -9,8 +9,9 @@ import redis
 
 from lanes.catalog import load_routing, open_catalog
 from lanes.cli.common import emit_json, json_option, pass_settings
+from lanes.control.loop import fail_closed_warnings
 from lanes.errors import RedisUnavailable
-from lanes.lanecheck import check_lanes
+from lanes.ops.lanecheck import check_lanes
 from lanes.redis_conn import connect
 
 
@@ -19,7 +20,12 @@ from lanes.redis_conn import connect
 @json_option
 @pass_settings
 def command(settings, no_redis, as_json) -> None:
-    """Print the lane-config report; exit 1 if anything is wrong, 0 if not."""
+    """Print the lane-config report.
+
+    Exit 0: every pool fits its farm services; 1: a mismatch (reported);
+    2: an input could not be read (the farm's answer, the catalog); 3: a
+    service did not answer (the farm's limits URL, Redis, the database).
+    """
     engine = open_catalog(settings, create=False)
     client = None
     try:
@@ -34,7 +40,7 @@ def command(settings, no_redis, as_json) -> None:
             client.close()
         engine.dispose()
     if as_json:
-        emit_json(report.as_dict())
+        emit_json({**report.as_dict(), "warnings": fail_closed_warnings(settings, table)})
     else:
         click.echo(f"lane config (catalog version {report.catalog_version}, limits from {report.limits_source}):")
         if client is None:
@@ -43,4 +49,6 @@ def command(settings, no_redis, as_json) -> None:
             click.echo("  ok: every pool fits its farm services")
         for mismatch in report.mismatches:
             click.echo(f"  {mismatch.kind}: {mismatch.message}")
+        for line in fail_closed_warnings(settings, table):
+            click.echo(f"  warning: {line}")
     sys.exit(0 if report.ok else 1)

@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from lanes.errors import InvalidInput
-from lanes.settings import Settings, load_settings, unknown_variables
+from lanes.settings import Settings, load_settings, mask_url, unknown_variables
 
 # Values of these settings are never echoed back: they may hold a password.
 _SECRET_FIELDS = {"redis_url", "database_url", "api_token", "flower_basic_auth"}
@@ -47,7 +47,10 @@ def _problems(exc: ValidationError) -> str:
     for err in exc.errors():
         field = "_".join(str(p) for p in err["loc"])
         message = err["msg"].removeprefix("Value error, ")
-        shown = "" if field in _SECRET_FIELDS or not field else f" (got {err.get('input')!r})"
+        value = err.get("input")
+        if isinstance(value, str) and "://" in value:
+            value = mask_url(value)  # a URL's password never reaches the terminal
+        shown = "" if field in _SECRET_FIELDS or not field else f" (got {value!r})"
         name = f"LANES_{field.upper()}: " if field else ""
         problems.append(f"{name}{message}{shown}")
     return "; ".join(problems)

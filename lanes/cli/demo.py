@@ -20,7 +20,7 @@ from lanes.cli.common import pass_settings
 def command(settings, requests, catalog, plot) -> None:
     """Apply the example fleet, simulate it, run a worker per fleet, the beat and a mixed workload;
     change the dialog backend's capacity midway and plot the widths."""
-    from lanes.demo import run_demo
+    from lanes.demo.run import run_demo
 
     report = run_demo(settings, requests=requests, catalog=catalog, plot=plot)
     if report.over_admitted or report.failures:

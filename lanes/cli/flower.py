@@ -1,4 +1,4 @@
-"""``lanes flower``: Flower with every lane queue, each task's lane events and each worker's lanes."""
+"""``lanes flower``: Flower with every lane queue, a Lanes page, each task's lane events and each worker's lanes."""
 
 from __future__ import annotations
 
@@ -29,8 +29,13 @@ def command(settings, port, address, no_auth) -> None:
     from lanes.embedded import client_redis_url
     from lanes.flower.config import FlowerConfig, basic_auth, celery_app, lane_queues
 
+    from lanes.settings import secret_problems
+
     if not 0 <= port <= 65535:
         raise InvalidInput(f"port {port} is not a port (0..65535; 0 picks a free one)")
+    weak = secret_problems(settings, names=("flower_basic_auth",))
+    if weak:
+        raise InvalidInput("refusing to serve Flower with a weak login: " + "; ".join(weak))
     config = FlowerConfig(port=port, address=address, logins=basic_auth(settings, no_auth=no_auth))
     engine = open_catalog(settings, create=False)
 
@@ -39,7 +44,11 @@ def command(settings, port, address, no_auth) -> None:
 
     known = queues()  # read once now: a catalog that cannot be read is refused before serving
     capp = celery_app(settings, client_redis_url(settings), known)
-    app = _flower(capp, config, queues)
+    from lanes.ops.lanes_page import lanes_page
+    from lanes.routing.client import LanesClient
+
+    client = LanesClient(settings)
+    app = _flower(capp, config, queues, lambda: lanes_page(client))
     try:
         bound = app.start_http_server()
     except OSError as exc:
@@ -56,10 +65,11 @@ def command(settings, port, address, no_auth) -> None:
         pass
     finally:
         app.stop()
+        client.close()
         engine.dispose()
 
 
-def _flower(capp, config, queues):
+def _flower(capp, config, queues, page):
     import flower.options  # noqa: F401 (defines Flower's options on tornado's global options)
     from tornado.options import options
 
@@ -67,4 +77,4 @@ def _flower(capp, config, queues):
 
     for name, value in config.tornado_options().items():
         setattr(options, name, value)
-    return build(capp, options, queues)
+    return build(capp, options, queues, page)

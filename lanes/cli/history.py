@@ -42,11 +42,12 @@ def add(settings, path, chat_id, at, role, text, as_json) -> None:
     else:
         messages = [check_message({"chat_id": chat_id, "at": at, "role": role, "text": text})]
     added = add_history(settings, messages)
-    count, chats = added["added"], added["chats"]
+    count, chats, already = added["added"], added["chats"], added["already"]
     if as_json:
         emit_json(added)
     else:
-        click.echo(f"added {count} message{'s' if count != 1 else ''} in {chats} chat{'s' if chats != 1 else ''}")
+        click.echo(f"added {count} message{'s' if count != 1 else ''} in {chats} chat{'s' if chats != 1 else ''}"
+                   + (f"; {already} already stored, skipped" if already else ""))
 
 
 def _read_file(path: Path):

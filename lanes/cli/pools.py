@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from lanes.cli.common import emit_json, emit_table, json_option, pass_settings
+from lanes.ops.lane_stats import queued_text
 from lanes.priority import Priority
 
 
@@ -37,11 +38,11 @@ def show(settings, as_json) -> None:
         return
     emit_table(
         "lanes",
-        ["pool", "width", "in flight", "queued i/u/b", "workers", "mean hold ms", "wait p50 ms", "wait p95 ms",
+        ["pool", "width", "in flight", "queued i/u/b (+broker)", "workers", "mean hold ms", "wait p50 ms", "wait p95 ms",
          "grants", "timeouts"],
         [
             [r["pool"], _width_text(r), r["in_flight"],
-             "/".join(str(r["queued"][p.label]) for p in Priority),
+             queued_text(r),
              "-" if r["live_workers"] is None else len(r["live_workers"]),
              r["mean_hold_ms"], r["wait_p50_ms"], r["wait_p95_ms"], r["grants"], r["timeouts"]]
             for r in rows
@@ -59,6 +60,20 @@ def show(settings, as_json) -> None:
                 for r in controlled for kind in sorted(r["controllers"])
             ],
         )
+    _fail_closed_lines(rows)
+
+
+def _fail_closed_lines(rows: list[dict]) -> None:
+    """Each pool that fails closed, on lines of its own: a table column would cut the reason."""
+    import shutil
+    import textwrap
+
+    columns = shutil.get_terminal_size((80, 24)).columns
+    for row in rows:
+        reason = row.get("fail_closed")
+        if reason:
+            click.echo(textwrap.fill(f"{row['pool']}: {reason}", width=max(40, columns),
+                                     subsequent_indent="  "))
 
 
 def _width_text(row: dict) -> str:

@@ -14,22 +14,43 @@ PAYLOAD_HELP = (
 )
 
 
-def read_payload(value: str) -> str:
-    """The payload text: inline JSON, ``@FILE`` or ``-`` (stdin)."""
+def file_cap(payload_limit: int) -> int:
+    """The most bytes read from a payload file or stdin: room for indentation around a payload at its limit."""
+    return payload_limit * 4 + 65_536
+
+
+def read_payload(value: str, *, payload_limit: int) -> str:
+    """The payload text: inline JSON, ``@FILE`` or ``-`` (stdin), read no further than :func:`file_cap`.
+
+    A file over the cap is refused while it is read, never loaded whole
+    (a 100 MB file costs at most the cap, not five times its size).
+    """
+    cap = file_cap(payload_limit)
     if value == "-":
-        return sys.stdin.read()
+        return _bounded(sys.stdin.buffer, cap, "stdin", value, payload_limit)
     if value.startswith("@"):
         path = value[1:]
         if not path:
             raise InvalidInput("--payload @ names no file; write --payload @request.json")
         try:
-            with open(path, encoding="utf-8") as handle:
-                return handle.read()
+            with open(path, "rb") as handle:
+                return _bounded(handle, cap, path, value, payload_limit)
         except OSError as exc:
             raise InvalidInput(f"--payload {value}: cannot read {path} ({exc.strerror or exc})") from None
-        except UnicodeDecodeError:
-            raise InvalidInput(f"--payload {value}: {path} is not UTF-8 text") from None
     return value
+
+
+def _bounded(handle, cap: int, where: str, value: str, payload_limit: int) -> str:
+    data = handle.read(cap + 1)
+    if len(data) > cap:
+        raise InvalidInput(
+            f"--payload {value}: {where} holds more than {cap} bytes; a payload may be at most {payload_limit} "
+            "bytes as compact JSON (LANES_MAX_PAYLOAD_BYTES); send less"
+        )
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput(f"--payload {value}: {where} is not UTF-8 text") from None
 
 
 @click.command(name="submit")
@@ -47,29 +68,21 @@ def command(settings, workflow, payload, priority, deadline, idempotency_key, wa
     Exit 1 when the task failed, or --wait gave up on it (it stays queued: the
     id is printed, `lanes result ID` shows it later).
     """
-    from celery.exceptions import TimeoutError as ResultTimeout
-
     from lanes.routing.client import LanesClient
 
-    body = read_payload(payload)
+    body = read_payload(payload, payload_limit=settings.max_payload_bytes)
     client = LanesClient(settings)
     try:
         result = client.submit(
             workflow, body, priority=priority, deadline=deadline, idempotency_key=idempotency_key
         )
-        fleet = client.fleet_of(workflow)
-        if not client.live_workers(fleet):
-            click.echo(
-                f"warning: fleet {fleet!r} has no live worker; the task waits in its queue until one runs "
-                f"(`lanes worker --fleet {fleet}`)",
-                err=True,
-            )
+        # The task is queued: from here on nothing may report it as not sent.
+        _warn_without_workers(client, workflow)
         if not wait:
             click.echo(result.id)
             return
-        try:
-            result.get(timeout=timeout, propagate=False)
-        except ResultTimeout:
+        report = client.wait(result.id, timeout)
+        if report is None:
             click.echo(result.id)
             click.echo(
                 f"error: task {result.id} did not finish within {timeout:g}s; it stays queued: "
@@ -77,9 +90,25 @@ def command(settings, workflow, payload, priority, deadline, idempotency_key, wa
                 err=True,
             )
             raise SystemExit(1) from None
-        report = client.result(result.id)
         emit_json(report)
         if report["state"] != "SUCCESS":
             raise SystemExit(1)
     finally:
         client.close()
+
+
+def _warn_without_workers(client, workflow: str) -> None:
+    """Warn when the workflow's fleet has no live worker; a check that cannot be made says so."""
+    fleet = client.fleet_of(workflow)
+    try:
+        live = client.live_workers(fleet)
+    except Exception as exc:  # the task is queued; a failed look at the workers must not say otherwise
+        click.echo(f"warning: could not read fleet {fleet!r}'s workers ({type(exc).__name__}); the task is queued",
+                   err=True)
+        return
+    if not live:
+        click.echo(
+            f"warning: fleet {fleet!r} has no live worker; the task waits in its queue until one runs "
+            f"(`lanes worker --fleet {fleet}`)",
+            err=True,
+        )

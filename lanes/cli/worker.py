@@ -45,8 +45,9 @@ def command(settings, fleet, list_fleets, loglevel, as_json) -> None:
     """Run the worker of one fleet until stopped (SIGTERM or Ctrl-C).
 
     The fleet runs a worker process per queue (foreground and background),
-    each of width x workers-per-lane threads, and restarts them gracefully
-    when the catalog changes its size.
+    each taking up to LANES_FLEET_HELD_MESSAGES messages (2,000) as lane
+    waiters on green threads, and restarts them gracefully when the catalog
+    changes what they hold.
     With --list: each fleet and its live workers (work for a fleet without one
     waits in its queue until one starts).
     """

@@ -17,13 +17,29 @@ count when vLLM says requests wait for capacity; the lane's in-flight count
 at the first overload answer of a generation). Near a measured capacity the
 laws probe by a small step (+5 %); once a probe above it has held a whole
 interval the measurement is stale (the backend grew), so it is forgotten and
-growth is fast again (x1.5).
+growth is fast again (x1.5). Probes back off while they keep failing, need
+work waiting in the lane and a reading taken after the width changed
+(:mod:`lanes.control.probing`). The ``vllm`` law measures more than that:
+work waiting while the KV cache has room is ``max_num_seqs`` binding (the
+running count is the pool's running cap: cut to it at once, probe above it
+rarely), and the cache's usage per running request says how many more fit
+(growth goes into that room instead of blind steps).
+
+Between readings the ``vllm`` law judges the width by the lane's own answers (fresh every
+decision, while a scrape comes every 12 s): at the backend's mean call time, answers per
+second say how many ran at once, and in flight well above that waits in vLLM.
+
+A failed scrape holds the last good width (:func:`failed_scrape`); an
+endpoint missing from a reading is left out of its sums and its share held,
+and nothing grows on a partial reading.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from lanes.control import histograms, probing
 
 
 @dataclass(frozen=True)
@@ -37,14 +53,32 @@ class Bounds:
 
 @dataclass(frozen=True)
 class Gauges:
-    """vLLM's gauges summed over a pool's backends (the selected models, every replica)."""
+    """vLLM's gauges summed over the fresh endpoints of a pool (the selected models).
+
+    Each endpoint is judged apart: one that failed this scrape is left out of
+    the sums (``fresh`` < ``endpoints``), and ``held`` is the share of the
+    width that stays with it (what the lane has in flight there). ``ok`` is
+    False only when no endpoint answered.
+    """
 
     ok: bool
     running: float = 0.0
     waiting: float = 0.0
-    waiting_capacity: float | None = None  # None: the by-reason gauge is absent (vLLM < 0.9.2)
+    waiting_capacity: float | None = None  # None: the by-reason gauge is absent (vLLM < 0.20)
     kv_usage: float | None = None  # the mean of the replicas
     error: str | None = None
+    endpoints: int = 1
+    fresh: int = 1
+    held: float = 0.0  # width kept for endpoints missing from this reading
+    age_seconds: float = 0.0  # how long ago the reading was taken
+    # signal ("inter_token", "ttft") -> [(endpoint, [(upper bound, cumulative count)...])]: the
+    # histogram's growth between the endpoint's last two good scrapes.
+    latency: dict = field(default_factory=dict)
+    latency_window_seconds: float = 0.0  # the longest span those deltas cover
+
+    @property
+    def complete(self) -> bool:
+        return self.ok and self.fresh >= self.endpoints
 
 
 @dataclass(frozen=True)
@@ -63,6 +97,9 @@ class Signals:
     served_concurrency: float | None = None
     window_seconds: float | None = None  # time since the last decision
     gauges: Gauges | None = None
+    configured: int | None = None  # the catalog's width for the pool
+    width_age_seconds: float | None = None  # since the width last changed (None: long ago)
+    outage_seconds: float | None = None  # since the last scrape any endpoint answered (None: no outage)
 
 
 @dataclass(frozen=True)
@@ -89,18 +126,35 @@ def _grow(width: int, memo: dict, factor: float, probe: float, minimum_step: int
     if measured is not None and width < measured:
         return measured, f"back to the measured capacity {measured}"
     if measured is not None and width > measured:
+        probing.held(memo)
         if width >= memo.get("failed", math.inf):
             memo["measured"] = measured = None
         else:
             memo["measured"] = measured = width
     if measured is not None:
-        return width + max(minimum_step, math.ceil(width * probe)), f"probe above measured capacity {measured}"
+        return width + probing.step(width, probe, minimum_step), f"probe above measured capacity {measured}"
     return max(width + minimum_step, math.ceil(width * factor)), "no capacity known; grow"
+
+
+def _probing_above(width: int, memo: dict) -> bool:
+    """Whether ``width`` is a probe above the measured capacity (a cut from it is a failed probe)."""
+    measured = memo.get("measured")
+    return measured is not None and width > measured
+
+
+def _probe_gate(width: int, memo: dict) -> str | None:
+    """Why a growth from ``width`` must wait (the probe back-off), or None."""
+    measured = memo.get("measured")
+    if measured is not None and width >= measured and not probing.allowed(memo):
+        return f"probe backing off for {probing.waiting_for(memo)} more decision(s) after a failed probe"
+    return None
 
 
 def overload_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
     """Overload answers (529s) under the current generation: one cut per generation."""
+    probing.tick(memo)
     width = s.width
+    was_probing = _probing_above(width, memo)
     if s.overloads > 0:
         # What the backend served at once while it rejected the rest is its
         # capacity; without that, the lane's in-flight count at the first
@@ -132,9 +186,13 @@ def overload_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propos
             memo["measured"] = None
         target = max(bounds.floor, 1, min(target, width - 1))
         memo["failed"] = width
+        probing.failed(memo, width, target, params, probed=was_probing)
         return Proposal(target, "cut", f"{s.overloads} overload answer(s) this generation; cut {how}")
     if not (s.in_flight >= width and s.waiting > 0):
         return _hold(width, "not every slot was used")
+    gate = _probe_gate(width, memo)
+    if gate:
+        return _hold(width, gate)
     target, why = _grow(width, memo, params["growth_factor"], params["probe_fraction"])
     target = bounds.clamp(target)
     if target <= width:
@@ -146,54 +204,394 @@ def overload_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propos
     return Proposal(target, "grow", f"every slot used; {why}")
 
 
-def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
-    """vLLM's gauges: cut to the running count at saturation, grow while near full."""
+def failed_scrape(s: Signals, bounds: Bounds, params: dict, measured: int | None = None) -> Proposal:
+    """No endpoint answered: hold the last good width; never grow.
+
+    Only the backend's own evidence cuts (its gauges, or overload answers to
+    the ``overload`` law): a scrape that timed out says nothing about the
+    backend. After ``outage_seconds`` without a good reading the width goes
+    back to the configured one if it was above it (0: hold for ever).
+    """
     width, g = s.width, s.gauges
-    if g is None:
-        return _hold(width, "no new scrape")
-    if not g.ok:
-        # Fail-safe: nothing is known about the backend, so the width the
-        # operator promised is safe (seed 002), and nothing can grow.
-        memo["measured"] = None
-        return Proposal(bounds.floor, "floor", f"scrape failed: {g.error}")
+    if measured is not None and width > measured:
+        # A probe above the measured capacity is only worth its cost with readings to judge
+        # it by: without one it is given up (the last confirmed width, not a cut below it).
+        return Proposal(bounds.clamp(measured), "cut",
+                        f"scrape failed ({g.error}) during a probe: back to the measured capacity {measured}")
+    limit = params.get("outage_seconds", 0.0)
+    outage = s.outage_seconds
+    if limit and outage is not None and outage >= limit and s.configured is not None and width > s.configured:
+        return Proposal(bounds.clamp(s.configured), "cut",
+                        f"no good scrape for {outage:.0f}s ({g.error}): back to the configured width")
+    return _hold(width, f"scrape failed ({g.error}): holding the last good width")
+
+
+def saturation(g: Gauges, params: dict) -> tuple[bool, str]:
     if g.waiting_capacity is not None:
         saturated, why = g.waiting_capacity > 0, f"{g.waiting_capacity:g} waiting for capacity"
     else:
         saturated, why = g.waiting > params["waiting_threshold"], f"{g.waiting:g} waiting"
     if not saturated and g.kv_usage is not None and g.kv_usage >= params["kv_threshold"]:
         saturated, why = True, f"KV cache {g.kv_usage:.0%} used"
+    return saturated, why
+
+
+def binds_on_running(g: Gauges, params: dict) -> bool:
+    """Whether a saturated reading shows vLLM's running limit (``max_num_seqs``) binding: work
+    waits for capacity while the KV cache still has room for one more request on a replica.
+    The running count then *is* the pool's running cap, exactly."""
+    if not g.complete or g.kv_usage is None or g.running < 1:
+        return False
+    per_replica = g.running / max(1, g.fresh)
+    return g.kv_usage * (1 + 1 / per_replica) < params["kv_threshold"]
+
+
+def kv_room(g: Gauges, params: dict) -> int | None:
+    """How many requests the KV cache holds below its saturation threshold, by token accounting:
+    the running requests fill ``kv_usage`` of it, each about as much as the others (None: no
+    usable KV gauge)."""
+    if g.kv_usage is None or g.kv_usage <= 0 or g.running < 1:
+        return None
+    return math.floor(g.running * params["kv_threshold"] / g.kv_usage)
+
+
+def _cap_back_off(memo: dict, params: dict, *, probed: bool) -> None:
+    """The running cap was measured: no probe above it for ``cap_backoff`` readings, doubling
+    (up to ``max_probe_backoff``) with each probe above it that fails. Kept apart from the
+    probe back-off, which a cut for another reason (the KV cache binding) starts over."""
+    backoff = memo.get("cap_backoff")
+    if backoff is None:
+        backoff = params["cap_backoff"]
+    elif probed:
+        backoff = min(max(params["max_probe_backoff"], params["cap_backoff"]), backoff * 2)
+    memo["cap_backoff"] = backoff
+    # At small caps the smallest step is a large share (+1 at 2 is +50 %): a step over a quarter
+    # of the cap waits longer in proportion (the wait is long already; other probes stretch more).
+    cap = memo["cap"]
+    share = probing.step(cap, params["probe_fraction"]) / max(1, cap)
+    memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(backoff * max(1.0, share * 4))
+
+
+def _cap(memo: dict, g: Gauges) -> int | None:
+    """The running cap measured on this pool's endpoints (another set of endpoints has another)."""
+    cap = memo.get("cap")
+    return cap if cap is not None and memo.get("cap_endpoints") == g.endpoints else None
+
+
+# The lane's own accounting judges a growth between readings. Enough answers in an interval to
+# take their mean call time, and how far the lane's in-flight count must exceed what the backend
+# ran (by that mean) before the difference is taken for work waiting in vLLM (noise in call
+# times, a batch that slows its steps as it grows).
+LANE_MIN_COMPLETIONS = 20
+LANE_MARGIN = 0.10
+# A yardstick taken after a cut by the lane's evidence that is this much longer than the one the
+# cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
+# tell from waiting; from then on only the readings judge a growth.
+LANE_SLOWS = 0.10
+
+
+def _mean_call(s: Signals) -> float | None:
+    """The mean call time of the interval's answers (admission to answer, as the lane saw them)."""
+    if s.served_concurrency is None or not s.window_seconds or s.completions < LANE_MIN_COMPLETIONS:
+        return None
+    return s.served_concurrency * s.window_seconds / s.completions
+
+
+def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None:
+    """What a complete reading proves: the backend ran ``proven`` requests; and, when nothing
+    waited in vLLM over a whole interval at one width, the lane's mean call time is the
+    backend's own (``call_s``), the yardstick for the lane's evidence between readings."""
+    memo["proven"], memo["endpoints"] = int(g.running + g.held), g.endpoints
+    memo.pop("lane_cut", None)
+    queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+    call = _mean_call(s)
+    # The interval and the one before it at this width: calls that began before the lane was
+    # busy at it (its first interval) are a biased sample (the short ones end first).
+    settled = s.width_age_seconds is None or (
+        memo.get("last_width") == s.width and s.width_age_seconds >= (s.window_seconds or 0) + params["gauge_lag_seconds"])
+    if call is not None and queued <= 0 and settled:
+        memo["call_s"], memo["call_at"] = call, memo.get("decisions", 0)
+        judged_by = memo.pop("lane_call", None)
+        if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
+            memo["slows"] = True
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
+                memo.pop(key, None)
+
+
+def _call_margin(s: Signals, share: float) -> float:
+    """How much longer than the yardstick the interval's mean call must be to show waiting: ``share``,
+    or, when few answered, two standard deviations of their mean for calls that vary by a third
+    (0.67 / sqrt(answers): 12 % for a small lane's 30 answers an interval, 3 % at 500). Calls
+    that vary more fail a probe above the cap that would have held now and then: it costs the
+    wait before the next probe, never a width below the cap."""
+    return max(share, 0.67 / math.sqrt(max(1, s.completions)))
+
+
+def _rejudged(s: Signals, mean: float, call: float, params: dict) -> float | None:
+    """The margin of a second look by the lane's answers, the decision after a cut to below what
+    the last reading showed running (the backend shrank), or None: no second look.
+
+    The first look judged an interval that began before the drop, while the batch above the new
+    capacity was still finishing: what ran reads high (57 for 50), and what waits in vLLM over
+    it waits until the next reading (5-15 s). The next interval is at the cut width throughout.
+    Its answers need not clear the count's Poisson noise (3 / sqrt(answers)): with the lane full,
+    they vary far less (a closed loop: one answer lets one call in), and the interval's calls
+    took longer than the yardstick by more than the same margin, which is work that waited (a
+    call that ran alone takes the yardstick's time). The two together, each above
+    ``lane_rejudge`` of the width, cut again to what ran."""
+    if s.in_flight < s.width or mean <= call * (1 + _call_margin(s, params["lane_rejudge"])):
+        return None
+    return max(1.0, s.in_flight * params["lane_rejudge"])
+
+
+def _probe_judged(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal | None:
+    """A probe above the running cap judged by the lane's answers, every decision it lasts.
+
+    The probe (+5 %) is otherwise judged by the next reading, 15 s later at the default cadence
+    (30 s when that scrape fails), and while any request waits in vLLM every request admitted
+    waits too: one probe was 3.75 % of a 400-s run's requests. Its 5 % is inside the count's
+    Poisson noise (3 / sqrt(answers)), but with the lane full the answers are a closed loop and
+    vary far less (1.6 % sd at 100): calls longer than the yardstick and fewer run than in
+    flight, each by more than ``lane_probe``, is the probe queueing in vLLM. It fails as a
+    probe failed by a reading does: back to the cap, the cap's back-off doubled."""
+    cap, call, mean = memo.get("cap"), memo.get("call_s"), _mean_call(s)
+    share = params["lane_probe"]
+    if (not share or cap is None or call is None or mean is None or s.width <= cap or s.in_flight < s.width
+            or memo.get("cap_endpoints") != memo.get("endpoints") or memo.get("slows") or memo.get("call_at") == memo.get("decisions", 0)
+            or (s.width_age_seconds is not None and s.width_age_seconds < (s.window_seconds or 0))):
+        return None
+    ran = s.completions / s.window_seconds * call
+    if mean <= call * (1 + _call_margin(s, share)) or s.in_flight - ran <= max(1.0, s.in_flight * share):
+        return None
+    target = bounds.clamp(cap)
+    if target >= s.width:
+        return None
+    memo["measured"], memo["failed"] = target, s.width
+    probing.failed(memo, s.width, target, params, probed=True)
+    _cap_back_off(memo, params, probed=True)
+    return Proposal(target, "cut", f"probe at {s.width}: the lane's answers show about {ran:.0f} run at once, calls "
+                                   f"{mean / call - 1:.0%} longer than the yardstick ({call:.2f}s): it queues in "
+                                   f"vLLM; back to the running cap {cap}")
+
+
+def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal | None:
+    """The width judged by the lane's own answers between readings (a reading comes every
+    third decision by default): at the backend's mean call time, the interval's answers show
+    how many it ran at once (Little's law); in flight well above that is work waiting in vLLM.
+    Above what the last reading showed running (a growth it did not judge), the width goes
+    back to what ran, never below that count, and that is a running cap measured by the lane
+    (a probe above it that runs more raises it, and the next probe follows at the next
+    reading). At or below it (the backend shrank
+    since), the width goes to what ran, as a measurement (the next reading says why)."""
+    proven, call, mean = memo.get("proven"), memo.get("call_s"), _mean_call(s)
+    again = memo.get("lane_cut") == "shrink" and params["lane_rejudge"] and mean is not None
+    if (proven is None or call is None or mean is None or (memo.get("lane_cut") and not again)
+            or memo.get("slows") or memo.get("call_at") == memo.get("decisions", 0)):
+        # Once per reading (the yardstick was taken at the proven width, not at this one), and
+        # not on the interval the yardstick came from (it would judge itself); see _rejudged.
+        return None
+    above = s.width > proven
+    ran = s.completions / s.window_seconds * call
+    if again:
+        memo["lane_cut"] = True  # one second look, no more
+        margin = _rejudged(s, mean, call, params)
+    else:
+        # The interval's count of answers varies by about its square root: fewer answers, a wider margin.
+        margin = max(1.0, s.in_flight * max(LANE_MARGIN, 3 / math.sqrt(s.completions)))
+    if margin is None or s.in_flight - ran <= margin:
+        return None
+    target = bounds.clamp(max(proven, math.floor(ran)) if above else math.floor(ran))
+    if target >= s.width:
+        return None
+    probed = _probing_above(s.width, memo)
+    memo["measured"], memo["failed"] = target, s.width
+    memo["lane_cut"] = True if above or again else "shrink"
+    probing.failed(memo, s.width, target, params, probed=probed)
+    if above:
+        memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
+        memo["lane_call"] = call
+        _cap_back_off(memo, params, probed=False)
+    return Proposal(target, "cut", f"{s.in_flight} in flight but the lane's answers show about {ran:.0f} run at "
+                                   f"once (mean call {call:.2f}s): work waits in vLLM; back to {target}")
+
+
+def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
+    """vLLM's gauges: cut to the running count at saturation, grow into the measured room.
+
+    Two measurements bound the growth. The **running cap**: work waiting for capacity while
+    the KV cache has room means ``max_num_seqs`` binds, and the running count is the pool's cap;
+    a width above it only queues work in vLLM, so probes above it wait ``cap_backoff``
+    readings (only a reconfigured backend takes more). The **KV room**: the cache's usage
+    over the running count says how many requests fit (token accounting). Growth goes into
+    the room, up to ``headroom_factor`` x per reading, never past the cap or the work that
+    waits; without a KV gauge it steps by ``growth_fraction`` (blind). Its probe back-off
+    counts readings, not decisions: a probe is judged on a reading, and scrapes (every 12 s
+    by default) are rarer than decisions."""
+    width, g = s.width, s.gauges
+    memo["decisions"] = memo.get("decisions", 0) + 1  # every decision (``n`` counts readings)
+    if g is not None:
+        probing.tick(memo)
+    saturated, why = saturation(g, params) if g is not None and g.ok else (False, "")
+    if g is not None and g.ok and g.complete:
+        _learn_from_reading(s, g, params, memo)
+    memo["last_width"] = width
+    if not saturated:
+        lane = _probe_judged(s, bounds, params, memo) or _lane_evidence(s, bounds, params, memo)
+        if lane is not None:
+            return lane
+    if g is None:
+        return _hold(width, "no new scrape")
+    if not g.ok:
+        given_up = failed_scrape(s, bounds, params, memo.get("measured"))
+        if given_up.decision == "cut" and memo.get("cap") is not None and width > memo["cap"]:
+            # A probe above the running cap that no reading could judge cost what a failed one
+            # costs: the next waits the cap's back-off again, not for the next reading.
+            _cap_back_off(memo, params, probed=False)
+        return given_up
+    partial = "" if g.complete else f" ({g.fresh} of {g.endpoints} endpoints fresh; {g.held:g} held for the rest)"
     if saturated:
-        running = int(g.running)
-        target = max(bounds.floor, running, math.ceil(width * (1 - params["max_cut"])))
+        # What runs on the endpoints that answered, plus what the lane keeps on
+        # those that did not (they are neither judged nor cut for it).
+        running = int(g.running + g.held)
+        capped = binds_on_running(g, params)
+        if capped:
+            # The lane's own count less what waits in vLLM is the same cap by another road
+            # (exact in flight, one noisy gauge instead of two): the larger of the two, so a
+            # running gauge read low is not taken for a lower cap.
+            queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+            running = max(running, int(s.in_flight - queued))
+            memo["cap"], memo["cap_endpoints"] = running, g.endpoints
+            memo.pop("cap_lane", None)
+        # Work waiting while the cache has room: the running count is the cap, however old the
+        # reading (the backend was full then), so the cut goes all the way to it at once.
+        kept = 0 if capped else math.ceil(width * (1 - params["max_cut"]))
+        target = max(bounds.floor, running, kept)
         if target >= width:
-            return _hold(width, f"saturated ({why}) with {running} running, at or above the width")
+            return _hold(width, f"saturated ({why}) with {running} running, at or above the width{partial}")
+        probed = _probing_above(width, memo)
+        cap = _cap(memo, g)
         memo["measured"], memo["failed"] = target, width
-        return Proposal(target, "cut", f"saturated ({why}); cut to the {running} running")
+        probing.failed(memo, width, target, params, probed=probed)
+        if capped:
+            _cap_back_off(memo, params, probed=cap is not None and width > cap)
+        cap_why = f"; the running cap {running} (KV cache {g.kv_usage:.0%})" if capped else ""
+        return Proposal(target, "cut", f"saturated ({why}); cut to the {running} running{cap_why}{partial}")
     # Near full by the gauges *and* by the lane's own count: the gauges lag dispatch by
     # seconds, so a scrape can still show the lane's last burst after it has emptied.
     near_full = params["near_full"] * width
-    if g.running >= near_full and s.in_flight >= near_full and g.waiting <= params["waiting_threshold"]:
+    if not (g.running + g.held >= near_full and s.in_flight >= near_full and g.waiting <= params["waiting_threshold"]):
+        return _hold(width, f"{g.running:g} running of {width} ({s.in_flight} in flight): not near full{partial}")
+    if not g.complete:
+        return _hold(width, f"near full, but no growth on missing data{partial}")
+    if s.waiting <= 0:
+        return _hold(width, "near full, but no work waits in the lane: nothing to grow for")
+    measured = memo.get("measured")
+    if measured is not None and width < measured:
+        return _growth(width, measured, bounds, g, f"back to the measured capacity {measured}")
+    # A growth (a probe above the measurement, or into the room) is judged on a reading of the
+    # present width, not on gauges of before it.
+    fresh = probing.evidence_after_change(s.width_age_seconds, g.age_seconds, params["gauge_lag_seconds"])
+    stale = (f"near full by a reading from before the width changed "
+             f"(+{params['gauge_lag_seconds']:g}s of gauge lag): waiting for a fresh one")
+    cap = _cap(memo, g)
+    if cap is not None and width >= cap:
+        if width > cap and g.running + g.held > cap and memo.get("cap_lane"):
+            # The lane's cap is an estimate, low if anything (taken while the excursion's calls
+            # were starting): a probe above it that ran more raises it to what ran, and the next
+            # probe follows at the next reading until one fails (the gauges then measure the
+            # cap exactly). No jump into the KV room, which only the next reading could judge.
+            memo["cap"] = memo["measured"] = int(g.running + g.held)
+            memo["cap_quiet_until"] = memo.get("n", 0)
+            probing.held(memo)
+            return _hold(width, f"probe at {width} ran {g.running + g.held:g}: the lane's running cap is raised")
+        if width > cap and g.running + g.held > cap:
+            # More ran than the cap with nothing waiting (no reading of before the probe can
+            # show that): the backend was reconfigured. Growth goes by the KV room again.
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
+                memo.pop(key, None)
+            probing.held(memo)
+            cap = measured = None
+            fresh = True
+        else:
+            wait = memo.get("cap_quiet_until", 0) - memo.get("n", 0)
+            if wait > 0:
+                return _hold(width, f"at the running cap {cap}: no probe above it for {wait} more reading(s)")
+            if width > cap:
+                return _hold(width, f"probe at {width}: {g.running + g.held:g} running, not yet above the "
+                                    f"running cap {cap}")
+            if not fresh:
+                return _hold(width, stale)
+            target = bounds.clamp(width + probing.step(width, params["probe_fraction"]))
+            return _growth(width, target, bounds, g, f"probe above the running cap {cap}")
+    if not fresh:
+        return _hold(width, stale)
+    room = kv_room(g, params)
+    if room is None:
+        if measured is not None and width >= measured:
+            gate = _probe_gate(width, memo)
+            if gate:
+                return _hold(width, gate)
+            if width > measured and g.running + g.held <= measured:
+                # A probe holds when the backend ran more than the measurement with nothing
+                # waiting; "near full" at the old capacity proves nothing about the new width.
+                return _hold(width, f"probe at {width}: {g.running + g.held:g} running, not yet above the "
+                                    f"measured {measured}")
         target, grow_why = _grow(width, memo, 1 + params["growth_fraction"], params["probe_fraction"])
-        target = bounds.clamp(target)
-        if target <= width:
-            return _hold(width, "at the ceiling")
-        return Proposal(target, "grow", f"{g.running:g} running of {width}; {grow_why}")
-    return _hold(width, f"{g.running:g} running of {width} ({s.in_flight} in flight): not near full")
+        return _growth(width, target, bounds, g, grow_why)
+    if room <= width:
+        return _hold(width, f"KV cache {g.kv_usage:.0%} used by {g.running:g} running: room for {room}, "
+                            "no more than the width")
+    if measured is not None and width >= measured:
+        # The cache has room above the last measurement (shorter requests, or a grown
+        # backend): the measurement is stale.
+        memo.pop("measured", None)
+        probing.held(memo)
+    target = min(room, math.ceil(width * params["headroom_factor"]), s.in_flight + s.waiting)
+    bound = "the KV room" if target == room else "the work waiting" if target == s.in_flight + s.waiting \
+        else f"x{params['headroom_factor']:g}"
+    if cap is not None and target > cap:
+        target, bound = cap, f"the running cap {cap}"
+    return _growth(width, target, bounds, g, f"KV cache {g.kv_usage:.0%} used: room for {room}; grow to {bound}")
+
+
+def _growth(width: int, target: int, bounds: Bounds, g: Gauges, why: str) -> Proposal:
+    target = bounds.clamp(target)
+    if target <= width:
+        return _hold(width, "at the ceiling")
+    return Proposal(target, "grow", f"{g.running:g} running of {width}; {why}")
+
+
+def _new_window(width: int) -> dict:
+    return {"width": width, "intervals": 0, "in_flight": 0.0, "utilisation": 0.0, "completions": 0, "full": 0}
 
 
 def utilisation_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
-    """Width <- in-flight x target / utilisation, on a window of enough evidence."""
+    """Width <- in-flight x target / utilisation, on a window of enough evidence.
+
+    Bounded by the running cap it observes: when requests wait in vLLM while
+    the KV cache is below the target, what binds is the running limit
+    (``max_num_seqs``), not the cache, and the running count then is the
+    backend's capacity. A width above it only queues work in vLLM, however
+    low the utilisation reads (the normal case for short prompts).
+    """
     width = s.width
-    window = memo.setdefault("window", {"width": width, "intervals": 0, "in_flight": 0.0, "utilisation": 0.0,
-                                        "completions": 0, "full": 0})
+    window = memo.setdefault("window", _new_window(width))
     g = s.gauges
+    if g is not None and g.ok and g.complete and g.kv_usage is not None:
+        waiting = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+        if waiting > 0 and g.kv_usage < params["target"] and g.running >= 1:
+            memo["running_cap"] = int(g.running)
+    cap = memo.get("running_cap")
+    if cap is not None and width > cap:
+        memo["window"] = _new_window(cap)
+        return Proposal(bounds.clamp(cap), "cut", f"work waited in vLLM with the KV cache below "
+                                                  f"{params['target']:.0%}: bounded by the {cap} running (the running cap)")
     if s.in_flight == 0 and s.completions == 0:
         return _hold(width, "idle interval (not counted)")
     if window["width"] != width:
-        memo["window"] = {"width": width, "intervals": 0, "in_flight": 0.0, "utilisation": 0.0,
-                          "completions": 0, "full": 0}
+        memo["window"] = _new_window(width)
         return _hold(width, "the width changed during the window; a new window starts")
-    if g is None or not g.ok or g.kv_usage is None:
+    if g is None or not g.ok or not g.complete or g.kv_usage is None:
         return _hold(width, "no utilisation gauge this interval")
     window["intervals"] += 1
     # The running count comes from the same scrape as the utilisation, so the
@@ -208,24 +606,101 @@ def utilisation_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Pro
     n = window["intervals"]
     in_flight, used = window["in_flight"] / n, window["utilisation"] / n
     slots_used = window["full"] * 2 >= n
-    memo["window"] = {"width": width, "intervals": 0, "in_flight": 0.0, "utilisation": 0.0, "completions": 0, "full": 0}
+    memo["window"] = _new_window(width)
     if used <= 0:
         return _hold(width, "utilisation 0")
     ratio = params["target"] / used
     if abs(ratio - 1) <= params["tolerance"]:
         return _hold(width, f"utilisation {used:.0%} within tolerance of {params['target']:.0%}")
     target = math.ceil(in_flight * ratio)
+    bound = ""
+    if cap is not None and target > cap:
+        target, bound = cap, f"; bounded by the running cap {cap}"
     if target > width:
         if not slots_used:
             return _hold(width, "would rise but the slots were not used")
         target = min(target, math.floor(width * params["max_rise"]))
     target = bounds.clamp(target)
     if target == width:
-        return _hold(width, "at a bound")
-    return Proposal(target, "grow" if target > width else "cut", f"utilisation {used:.0%} against {params['target']:.0%}")
+        return _hold(width, f"at a bound{bound}")
+    return Proposal(target, "grow" if target > width else "cut",
+                    f"utilisation {used:.0%} against {params['target']:.0%}{bound}")
 
 
-LAWS = {"overload": overload_law, "vllm": vllm_law, "utilisation": utilisation_law}
+def worst_endpoint(g: Gauges, signal: str, target: float, min_samples: int) -> tuple[float, str] | None:
+    """The highest share of ``signal`` observations above ``target`` over the endpoints with
+    enough observations, and that endpoint."""
+    found = []
+    for endpoint, buckets in g.latency.get(signal, []):
+        if histograms.count(buckets) >= min_samples:
+            share = histograms.share_above(buckets, target)
+            if share is not None:
+                found.append((share, endpoint))
+    return max(found) if found else None
+
+
+def latency_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
+    """Keep a quantile of vLLM's inter-token latency (or TTFT) under a target.
+
+    Judged per endpoint (the worst replica counts: its users wait the
+    longest), from the histograms' growth between two scrapes, as the share
+    of observations above the target: the p95 is under the target exactly
+    when at most 5 % are above it. vLLM's buckets are coarse (10, 25, 50, 75,
+    100 ms...), and a quantile interpolated inside one is a guess, while the
+    share above a bucket bound is exact; so a target at a bound is judged
+    exactly. More than ``1 - quantile`` above: cut in proportion (target /
+    the interpolated quantile, keeping at least ``1 - max_cut``). Less than
+    ``(1 - quantile) x (1 - tolerance)`` above, with work waiting in the lane:
+    grow, by half the headroom at most ``growth_fraction``, under the same
+    probe back-off as the other laws. Decode steps slow as the batch grows,
+    so the width this finds is usually far below ``max_num_seqs``.
+    """
+    width, g = s.width, s.gauges
+    if g is None:
+        return _hold(width, "no new scrape")
+    probing.tick(memo)  # the back-off counts readings, as the vllm law's does
+    if not g.ok:
+        return failed_scrape(s, bounds, params, memo.get("measured"))
+    signal, q, target = params["signal"], params["quantile"], params["target_ms"] / 1000
+    allowed = 1 - q
+    worst = worst_endpoint(g, signal, target, params["min_samples"])
+    if worst is None:
+        return _hold(width, f"fewer than {params['min_samples']} {signal} observations on every endpoint")
+    if not probing.evidence_after_change(s.width_age_seconds, g.age_seconds + g.latency_window_seconds, 0.0):
+        return _hold(width, f"the {signal} window began before the width changed")
+    share, where = worst
+    buckets = dict(g.latency[signal])[where]
+    value = histograms.quantile(buckets, q) or target
+    seen = (f"{share:.1%} of {signal} over {target * 1000:g} ms on {where} "
+            f"(p{q * 100:g} ~{value * 1000:.0f} ms; at most {allowed:.0%} may be)")
+    if share > allowed:
+        new = max(math.floor(width * target / max(value, target)), math.ceil(width * (1 - params["max_cut"])))
+        new = max(bounds.floor, 1, min(new, width - 1))
+        if new >= width:
+            return _hold(width, f"{seen}: at the floor")
+        probed = _probing_above(width, memo)
+        memo["measured"], memo["failed"] = new, width
+        probing.failed(memo, width, new, params, probed=probed)
+        return Proposal(new, "cut", f"{seen}: cut in proportion")
+    room = allowed * (1 - params["tolerance"])
+    if share > room:
+        return _hold(width, f"{seen}: within tolerance")
+    if not (s.waiting > 0 and s.in_flight >= width):
+        return _hold(width, f"{seen}: no work waits for a wider lane")
+    gate = _probe_gate(width, memo)
+    if gate:
+        return _hold(width, gate)
+    if memo.get("measured") is not None and width > memo["measured"]:
+        probing.held(memo)
+        memo["measured"] = width
+    step = params["growth_fraction"] if share <= 0 else min(params["growth_fraction"], (room / share - 1) / 2)
+    new = bounds.clamp(width + probing.step(width, step))
+    if new <= width:
+        return _hold(width, "at the ceiling")
+    return Proposal(new, "grow", f"{seen}: grow")
+
+
+LAWS = {"overload": overload_law, "vllm": vllm_law, "utilisation": utilisation_law, "latency": latency_law}
 
 
 @dataclass

@@ -35,6 +35,23 @@ Decide = Callable[[Signals, Bounds, dict], int]
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """One request's end, as a per-request limiter (Netflix's AIMD, Gradient2) sees it."""
+
+    rejected: bool  # answered 529
+    waited: bool  # waited in vLLM's queue before it ran
+    rtt: float  # seconds from admission to its answer
+    in_flight: int  # the lane's in-flight count before this request left
+    width: int
+
+
+PerRequest = Callable[[Outcome, Bounds, dict], int]
+
+# Inter-token latency histogram bounds (seconds), as vLLM's.
+ITL_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, math.inf)
+
+
+@dataclass(frozen=True)
 class Scenario:
     name: str
     capacity: tuple[tuple[float, int], ...]  # (from time, capacity), first at 0
@@ -52,6 +69,21 @@ class Scenario:
     arrival_rate: float | None = None  # None: an endless backlog
     background_share: float = 0.0  # share of requests that are background work
     seed: int = 7
+    # The field's conditions (defaults: the kind world of the first benchmark):
+    scrape_s: float | None = None  # least time between two scrapes (None: a fresh one every decision)
+    lag_range: tuple[float, float] | None = None  # each scrape's lag drawn in this range (None: lag_s)
+    scrape_fail: float = 0.0  # share of scrapes that time out
+    # KV usage at a full batch of the largest capacity (0.5: max_num_seqs binds before the cache).
+    # KV is token accounting: running x each request's share of the cache. The largest capacity
+    # of the schedule is max_num_seqs; a lower one is the cache binding (longer contexts: the
+    # share grows until the cache is full at that capacity).
+    kv_at_full: float = 1.0
+    replica_view: str = "all"  # "all": endpoints listed apart; "one": a balancer answers from one replica
+    # Decode steps slow as the batch grows: a request's inter-token latency is
+    # itl_s x (1 + itl_slope x the replica's batch when it starts), its service time that x tokens.
+    itl_slope: float = 0.0
+    itl_s: float = 0.01
+    gauge_noise: float = 0.0  # relative noise (sd) on each gauge reading
 
     def capacity_at(self, t: float) -> int:
         current = self.capacity[0][1]
@@ -74,6 +106,21 @@ class Run:
     served: int = 0
     rejected: int = 0
     peak_running_over: int = 0  # the most the backend ran above its capacity
+    admitted: int = 0
+    waited: int = 0  # requests that waited in a replica's queue (vLLM's waiting)
+    itl_late: list = field(default_factory=list)  # exact inter-token latencies over the run's second half
+
+    @property
+    def itl_p95(self) -> float | None:
+        if not self.itl_late:
+            return None
+        ordered = sorted(self.itl_late)
+        return ordered[min(len(ordered) - 1, int(0.95 * len(ordered)))]
+
+    @property
+    def over_requests(self) -> float:
+        """Share of admitted requests that waited in vLLM's queue or were answered 529."""
+        return (self.waited + self.rejected) / self.admitted if self.admitted else 0.0
 
     @property
     def over_admission(self) -> float:
@@ -109,21 +156,25 @@ class Run:
 
 
 class _Replica:
-    __slots__ = ("capacity", "running", "queue")
+    __slots__ = ("capacity", "running", "queue", "itl")
 
     def __init__(self, capacity: int) -> None:
         self.capacity = capacity
         self.running = 0
-        self.queue: list[tuple[int, int, bool]] = []  # (request id, generation, background)
+        self.queue: list[tuple[int, int, bool, float]] = []  # (request id, generation, background, admitted at)
+        self.itl = [0.0] * len(ITL_BUCKETS)  # cumulative inter-token observations per bucket
 
 
 def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
 
-def simulate(scenario: Scenario, decide: Decide) -> Run:
+def simulate(scenario: Scenario, decide: Decide, per_request: PerRequest | None = None) -> Run:
+    """Run ``scenario`` under ``decide`` (every interval) and, for a per-request limiter,
+    ``per_request`` (after every answer; its width applies at once)."""
     sc = scenario
     rng = random.Random(sc.seed)
+    scrape_rng = random.Random(sc.seed + 1)  # apart, so scrapes never shift service times
     mu = math.log(sc.service_s) - sc.sigma ** 2 / 2
     run = Run(sc)
     bounds = Bounds(sc.floor, sc.ceiling)
@@ -148,11 +199,17 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
     last_t = 0.0
     next_id = 0
 
-    def gauges_now() -> tuple[float, float, float]:
-        running = sum(r.running for r in replicas)
-        queued = sum(len(r.queue) for r in replicas)
-        kv = sum(min(1.0, r.running / r.capacity) if r.capacity else 1.0 for r in replicas) / len(replicas)
-        return running, queued, kv
+    slots = [split(max(c for _, c in sc.capacity), sc.replicas)[i] for i in range(sc.replicas)]
+
+    def kv_share(replica: _Replica, seqs: int) -> float:
+        """One running request's share of the replica's cache (token accounting)."""
+        if replica.capacity >= seqs:
+            return sc.kv_at_full / seqs  # max_num_seqs binds: the cache is kv_at_full used at a full batch
+        return 1.0 / replica.capacity  # the cache binds: full at the capacity
+
+    def gauges_now() -> tuple:
+        return tuple((r.running, len(r.queue), min(1.0, r.running * kv_share(r, seqs)) if r.capacity else 1.0)
+                     for r, seqs in zip(replicas, slots))
 
     def account(now: float) -> None:
         nonlocal last_t
@@ -167,10 +224,19 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
             run.capacity_s += cap * dt
         last_t = now
 
-    def start(now: float, replica: _Replica, rid: int, gen: int) -> None:
+    def start(now: float, replica: _Replica, rid: int, gen: int, admitted_at: float, waited: bool) -> None:
         replica.running += 1
         run.peak_running_over = max(run.peak_running_over, replica.running - replica.capacity)
-        push(now + rng.lognormvariate(mu, sc.sigma), "done", (replica, rid, gen, now))
+        service = rng.lognormvariate(mu, sc.sigma)
+        if sc.itl_slope:
+            itl = sc.itl_s * (1 + sc.itl_slope * replica.running) * service / sc.service_s
+            service = itl * sc.service_s / sc.itl_s
+            for i, le in enumerate(ITL_BUCKETS):
+                if itl <= le:
+                    replica.itl[i] += 1
+            if now >= sc.cycles * sc.interval_s / 2:
+                run.itl_late.append(itl)
+        push(now + service, "done", (replica, rid, gen, now, admitted_at, waited))
 
     def admit(now: float) -> None:
         nonlocal in_flight, waiting, admitted, next_id
@@ -178,27 +244,77 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
             waiting -= 1
             in_flight += 1
             admitted += 1
+            run.admitted += 1
             next_id += 1
             background = rng.random() < sc.background_share
             replica = max(replicas, key=lambda r: (r.capacity - r.running, -len(r.queue)))
             if replica.running < replica.capacity:
-                start(now, replica, next_id, generation)
+                start(now, replica, next_id, generation, now, False)
             elif sc.mode == "overload":
-                push(now + sc.reject_s, "reject", (generation, background))
+                push(now + sc.reject_s, "reject", (generation, background, now))
             else:
-                min(replicas, key=lambda r: len(r.queue)).queue.append((next_id, generation, background))
+                run.waited += 1
+                min(replicas, key=lambda r: len(r.queue)).queue.append((next_id, generation, background, now))
         history.append((now, gauges_now()))
 
-    def release(now: float) -> None:
-        nonlocal in_flight
+    def release(now: float, outcome: Outcome | None = None) -> None:
+        nonlocal in_flight, width
         in_flight -= 1
+        if per_request is not None and outcome is not None:
+            new = bounds.clamp(per_request(outcome, bounds, memo))
+            if new != width:
+                run.changes += 1
+                run.cuts += new < width
+                width = new
         admit(now)
 
-    def lagged_gauges(now: float) -> Gauges:
-        while len(history) > 1 and history[1][0] <= now - sc.lag_s:
+    last_itl = [None]
+
+    def latency_now(now: float) -> tuple[dict, float]:
+        """Each replica's inter-token histogram growth since the last scrape."""
+        if not sc.itl_slope:
+            return {}, 0.0
+        before, at = last_itl[0] or (None, None)
+        current = [list(r.itl) for r in replicas]
+        last_itl[0] = (current, now)
+        if before is None:
+            return {}, 0.0
+        grown = [(f"replica {i}", [(le, c - b) for le, c, b in zip(ITL_BUCKETS, cur, old)])
+                 for i, (cur, old) in enumerate(zip(current, before))]
+        return {"inter_token": grown}, now - at
+
+    last_scrape = [None]
+
+    def lagged_gauges(now: float) -> Gauges | None:
+        if sc.scrape_s is not None and last_scrape[0] is not None and now - last_scrape[0] < sc.scrape_s - 1e-9:
+            return None  # throttled: no new reading this decision
+        last_scrape[0] = now
+        if sc.scrape_fail and scrape_rng.random() < sc.scrape_fail:
+            return Gauges(ok=False, error="timed out")
+        lag = scrape_rng.uniform(*sc.lag_range) if sc.lag_range else sc.lag_s
+        # History is kept for the longest lag; the reading is the last snapshot at or before now - lag.
+        longest = sc.lag_range[1] if sc.lag_range else sc.lag_s
+        while len(history) > 1 and history[1][0] <= now - longest:
             history.popleft()
-        running, queued, kv = history[0][1] if history else (0.0, 0.0, 0.0)
-        return Gauges(ok=True, running=running, waiting=queued, waiting_capacity=queued, kv_usage=kv)
+        seen = history[0][1] if history else tuple((0, 0, 0.0) for _ in replicas)
+        for t, snapshot in history:
+            if t <= now - lag:
+                seen = snapshot
+            else:
+                break
+        if sc.replica_view == "one":
+            seen = (seen[scrape_rng.randrange(len(seen))],)
+        running = sum(r[0] for r in seen)
+        queued = sum(r[1] for r in seen)
+        kv = sum(r[2] for r in seen) / len(seen)
+        if sc.gauge_noise:
+            running = max(0, round(running * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
+            queued = max(0, round(queued * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
+            kv = min(1.0, max(0.0, kv * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
+        latency, window = latency_now(now)
+        return Gauges(ok=True, running=running, waiting=queued, waiting_capacity=queued, kv_usage=kv,
+                      endpoints=len(seen), fresh=len(seen), age_seconds=0.0, latency=latency,
+                      latency_window_seconds=window)
 
     push(0.0, "tick0")
     if sc.arrival_rate is not None:
@@ -207,6 +323,7 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
         push(start_t, "capacity")
     end = sc.cycles * sc.interval_s
     last_decision = 0.0
+    last_change: float | None = None
     while events:
         now, _, kind, data = heapq.heappop(events)
         if now > end:
@@ -220,19 +337,21 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
             admit(now)
             push(now + rng.expovariate(sc.arrival_rate), "arrive")
         elif kind == "done":
-            replica, _rid, _gen, started = data
+            replica, _rid, _gen, _started, admitted_at, waited = data
             replica.running -= 1
             run.served += 1
             completions += 1
-            served_seconds += now - started
+            # The lane's view of a call: admission to answer, its wait in vLLM's queue
+            # included (what the walkers report live), not the backend's service time alone.
+            served_seconds += now - admitted_at
             if replica.queue and replica.running < replica.capacity:
-                rid, gen, _bg = replica.queue.pop(0)
-                start(now, replica, rid, gen)
-            release(now)
+                rid, gen, _bg, queued_at = replica.queue.pop(0)
+                start(now, replica, rid, gen, queued_at, True)
+            release(now, Outcome(False, waited, now - admitted_at, in_flight, width))
         elif kind == "reject":
-            gen, background = data
+            gen, background, admitted_at = data
             run.rejected += 1
-            release(now)
+            release(now, Outcome(True, False, now - admitted_at, in_flight, width))
             if not background and gen == generation:
                 overloads += 1
                 if overload_in_flight is None:
@@ -241,8 +360,8 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
             for replica, share in zip(replicas, split(sc.capacity_at(now), sc.replicas)):
                 replica.capacity = share
                 while replica.queue and replica.running < replica.capacity:
-                    rid, gen, _bg = replica.queue.pop(0)
-                    start(now, replica, rid, gen)
+                    rid, gen, _bg, queued_at = replica.queue.pop(0)
+                    start(now, replica, rid, gen, queued_at, True)
             admit(now)
         elif kind == "tick":
             elapsed = now - last_decision
@@ -252,6 +371,8 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
                 served_concurrency=served_seconds / elapsed if elapsed > 0 else None,
                 window_seconds=elapsed if elapsed > 0 else None,
                 gauges=lagged_gauges(now),
+                configured=sc.start_width,
+                width_age_seconds=None if last_change is None else now - last_change,
             )
             new = bounds.clamp(decide(signals, bounds, memo))
             completions, served_seconds, last_decision = 0, 0.0, now
@@ -259,6 +380,7 @@ def simulate(scenario: Scenario, decide: Decide) -> Run:
                 run.changes += 1
                 run.cuts += new < width
                 width = new
+                last_change = now
                 generation += 1
                 admitted = overloads = 0
                 overload_in_flight = None

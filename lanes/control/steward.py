@@ -26,9 +26,9 @@ import logging
 import threading
 
 from lanes.catalog import PoolInfo
+from lanes.catalog.controllers import running_kinds
 from lanes.control.loop import ControlLoop, interval_of
 from lanes.lane.base import new_token
-from lanes.pools import running_kinds
 
 log = logging.getLogger("lanes.control")
 
@@ -40,7 +40,8 @@ class Steward:
         self.rt = runtime
         self.follow_seconds = follow_seconds
         self.token = new_token()
-        self.loop = ControlLoop(runtime.control, runtime.events, memory_gated=memory_gated)
+        self.loop = ControlLoop(runtime.control, runtime.events, memory_gated=memory_gated,
+                                replicas=getattr(runtime, "replicas", None))
         self._leases: dict[int, str] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None

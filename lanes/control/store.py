@@ -10,7 +10,8 @@ One hash per pool (``Namespace.control_state``) holds what any process and
                                     lane's in-flight count at the first of them
     completions, served_seconds     served answers (and their call-seconds) not yet consumed by a decision
     background_overloads, stale_overloads, rejections:<status>   counts, never a reason to cut
-    decision, reason, controller    the last decision (grow/cut/hold/fail_closed), why, and whose
+    decision, reason, controller    the last decision (grow/cut/hold/start), why, and whose
+    fail_closed                     why the ceiling is clamped to the configured width ("" when not)
     signals, laws                   JSON: the last signals read, each controller's own memory
     decided_at, changed_at          clock times (seconds)
     fence                           how many leases were ever taken (the fencing number)
@@ -27,6 +28,8 @@ from importlib import resources
 
 import redis
 
+from lanes.catalog import PoolInfo
+from lanes.catalog.controllers import kinds_text
 from lanes.namespace import Namespace
 
 SCRIPTS = ("lease", "commit", "admit", "report")
@@ -60,6 +63,7 @@ class ControlState:
     proposals: dict = field(default_factory=dict)
     scrape: dict = field(default_factory=dict)
     leader: str | None = None
+    fail_closed: str | None = None  # why the ceiling is clamped to the configured width, or None
 
     @classmethod
     def parse(cls, raw: dict) -> "ControlState | None":
@@ -95,6 +99,7 @@ class ControlState:
             proposals=json.loads(fields.get("proposals") or "{}"),
             scrape=json.loads(fields.get("scrape") or "{}"),
             leader=fields.get("leader"),
+            fail_closed=fields.get("fail_closed") or None,
         )
 
     def as_dict(self) -> dict:
@@ -105,8 +110,18 @@ class ControlState:
             "admitted": self.admitted, "overloads": self.overloads,
             "background_overloads": self.background_overloads, "stale_overloads": self.stale_overloads,
             "rejections": self.rejections, "proposals": self.proposals, "scrape": self.scrape,
-            "leader": self.leader,
+            "leader": self.leader, "fail_closed": self.fail_closed,
         }
+
+
+def learned_applies(pool: PoolInfo, state: ControlState | None) -> bool:
+    """Whether ``state`` was learned under the pool's present configuration."""
+    return (
+        state is not None
+        and state.width is not None
+        and state.configured == pool.width
+        and state.kinds == kinds_text(pool)
+    )
 
 
 class ControlStore:

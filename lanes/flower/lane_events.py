@@ -1,6 +1,8 @@
 """The custom Celery task events a worker sends about each task's lanes.
 
-One ``task-lane-admitted`` per backend call made through a lane (the pool,
+One ``task-lane-calling`` when a task's call starts (its slot granted: from
+then on it is calling, not waiting), one ``task-lane-admitted`` per backend
+call made through a lane once it ended (the pool,
 the model, how long the task waited for its slot, how the call ended) and
 one ``task-lane-bypass`` per candidate passed over (why). They carry no
 ``result`` and no ``state`` field: stock Celery event consumers would turn an
@@ -14,10 +16,11 @@ from __future__ import annotations
 
 ADMITTED = "task-lane-admitted"
 BYPASS = "task-lane-bypass"
-TYPES = frozenset({ADMITTED, BYPASS})
+CALLING = "task-lane-calling"
+TYPES = frozenset({ADMITTED, BYPASS, CALLING})
 
 # Only these fields of an event are kept (never a result, never a state).
-FIELDS = ("pool", "model", "priority", "wait_ms", "outcome", "reason")
+FIELDS = ("pool", "model", "priority", "wait_ms", "outcome", "reason", "at")
 
 
 def describe(event: dict) -> str:
@@ -29,6 +32,8 @@ def describe(event: dict) -> str:
                 f"model {event.get('model')}: {event.get('outcome')}")
     if kind == BYPASS:
         return f"bypassed model {event.get('model')} (lane {pool}): {event.get('reason')}"
+    if kind == CALLING:
+        return f"calling model {event.get('model')} (lane {pool})"
     return str(kind)
 
 

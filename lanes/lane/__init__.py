@@ -44,8 +44,10 @@ Design notes (the choices ARCHITECTURE.md leaves open):
   every script (``_lua.call_with_run`` / ``acall_with_run``), and a state
   written by another server process starts over the same way, with an epoch
   past the old one. The asyncio lane on Cluster and single-connection
-  clients cannot send it: the lanes' Redis must not persist (README, "The
-  lanes' Redis"; ``lanes redis status`` checks).
+  clients cannot send it: with those, keep the lanes on a Redis of their own
+  without persistence (docs/DEPLOYMENT.md, "The lanes' Redis"); the sync and asyncio
+  lanes on one server make persistence safe (``lanes redis status`` checks
+  each role).
 - *Faults* (issue 9): every script is idempotent, so a lost reply is asked
   again rather than re-sent blindly (``_lua.ReplyLost``); a holder is told
   ``lost`` from its own clock a guard before its lease, counted from its last

@@ -108,7 +108,10 @@ class Permit:
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the holder must stop."""
-        if self._lost or time.monotonic() > self._lease_until:
+        # It stops passing when ``lost`` would fire (the lane's lost guard
+        # before the local lease end), not at the end itself: the guard
+        # absorbs a client clock that runs slower than the server's.
+        if self._lost or time.monotonic() > self._lease_until - self._lane.lost_guard:
             raise LeaseLost(
                 f"lease of holder {self.holder_id} (generation {self.generation}) on lane "
                 f"{self.lane_key!r} was lost: stop using the slot"

@@ -118,7 +118,7 @@ class Lane(LaneBase):
                 cancel: threading.Event | None = None, workflow: str | None = None,
                 resume: bool = False) -> Permit:
         """Wait for a slot: priority order; within a priority, each workflow
-        with work gets its guaranteed share (README, "Shares"), and arrival
+        with work gets its guaranteed share (docs/SCHEDULING.md, "Shares"), and arrival
         order within a workflow.
 
         ``workflow`` names the caller's workflow (None: one anonymous

@@ -6,7 +6,7 @@ that costs a few microseconds; right after a process wakes from a long
 sleep, which is when a waiter reads its doorbell, every frame runs cold, and
 it was measured at ~45 us against ~18 us for the same read done here
 (``recv_into`` the socket, ``feed`` the connection's own hiredis reader,
-``gets``): see docs/BENCHMARKS.md, round 5.
+``gets``): see docs/BENCHMARKS_JOURNAL.md, round 5.
 
 This leans on three private parts of redis-py (``_parser``, its ``_reader``
 and the connection's ``_sock``), so it is taken only when they are exactly

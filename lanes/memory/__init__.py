@@ -3,10 +3,12 @@
 - :func:`open_memory` gives a catalog engine with the memory tables at head;
 - :func:`add_messages` / :func:`parse_json_lines` ingest chat history;
 - :func:`enqueue_runs` creates the runs due at a given time (idempotent, capped);
-- :func:`list_runs`, :func:`rollups`, :func:`notes_of` read them back.
+- :func:`list_runs`, :func:`rollups`, :func:`notes_of` read them back;
+- :mod:`lanes.memory.lifecycle` claims, completes, retries and reclaims runs
+  (at most one execution at a time), :mod:`lanes.memory.dispatch` sends them.
 
-The job that runs a memory run lives in ``workers/memory.py``; the beat that
-enqueues runs every hour lives in ``scheduler/``.
+The worker that runs a memory run, and its fleet, live in ``workers/memory/``;
+the beat that enqueues runs every hour lives in ``scheduler/``.
 """
 
 from lanes.memory.history import ChatMessage, add_messages, check_message, hour_messages, parse_json_lines

@@ -8,7 +8,18 @@ scan after an hourly one create nothing twice.
 The daily cap counts runs created since midnight UTC. Hours it holds back are
 not lost: the oldest of them is remembered (``backlog_from``) and every later
 scan starts there, so a tick picks them up once the cap allows (at the
-latest after midnight UTC, when the count starts again).
+latest after midnight UTC, when the count starts again). Hours the cap held
+until they left the retention window are counted (``expired_by_retention``
+in the result and the day's rollup) rather than dropped silently.
+
+Late history: every tick also takes the hours, back to the retention
+window's start, that got messages stored since the previous tick
+(``chat_messages.added_at``) and have no run yet, so a chat hour whose
+history arrives hours late gets its run at the next tick, not at the next
+full scan. (An hour that already has a run is re-opened when the message
+is stored: :mod:`lanes.memory.history`.)
+
+How a run executes (claims, leases, sending) is :mod:`lanes.memory.lifecycle`.
 """
 
 from __future__ import annotations
@@ -24,7 +35,12 @@ from lanes.errors import InvalidInput
 from lanes.memory.hours import Window, as_utc, day_start, recent_window, retention_window, utc_day
 from lanes.memory.sql import insert_many_or_skip, upsert, write_transaction
 from lanes.memory.tables import RUN_STATUSES, enqueue_state_t, messages_t, notes_t, rollups_t, runs_t
-from lanes.metrics import memory_runs
+from lanes.instruments import memory_runs
+
+# A message stored just before a tick may commit just after its scan: each
+# tick looks this far back before the previous one (a rescan costs nothing,
+# runs are insert-or-skip).
+LATE_OVERLAP = timedelta(minutes=10)
 
 
 @dataclass(frozen=True)
@@ -37,12 +53,15 @@ class RunRecord:
     created_at: datetime
     updated_at: datetime
     error: str | None
+    lease_until: datetime | None = None
+    claim: str | None = None  # the token of the attempt running it
 
     @classmethod
     def from_row(cls, row) -> "RunRecord":
         return cls(
             id=row.id, chat_id=row.chat_id, hour=as_utc(row.hour), status=row.status, attempts=row.attempts,
             created_at=as_utc(row.created_at), updated_at=as_utc(row.updated_at), error=row.error,
+            lease_until=as_utc(row.lease_until) if row.lease_until is not None else None, claim=row.claim,
         )
 
     def as_dict(self) -> dict:
@@ -50,6 +69,7 @@ class RunRecord:
             "id": self.id, "chat_id": self.chat_id, "hour": self.hour.isoformat(), "status": self.status,
             "attempts": self.attempts, "created_at": self.created_at.isoformat(),
             "updated_at": self.updated_at.isoformat(), "error": self.error,
+            "lease_until": self.lease_until.isoformat() if self.lease_until else None,
         }
 
 
@@ -60,6 +80,7 @@ class EnqueueResult:
     created: list[RunRecord] = field(default_factory=list)
     deferred: int = 0  # chat hours the daily cap held back
     cap_left: int = 0
+    expired: int = 0  # chat hours the cap held back until they left the retention window
 
     def as_dict(self) -> dict:
         return {
@@ -69,6 +90,7 @@ class EnqueueResult:
             "created": len(self.created),
             "deferred_by_cap": self.deferred,
             "cap_left": self.cap_left,
+            "expired_by_retention": self.expired,
             "runs": [run.id for run in self.created],
         }
 
@@ -78,9 +100,11 @@ class Rollup:
     day: date
     runs_created: int
     skipped_by_cap: int
+    expired_by_retention: int = 0
 
     def as_dict(self) -> dict:
-        return {"day": self.day.isoformat(), "runs_created": self.runs_created, "skipped_by_cap": self.skipped_by_cap}
+        return {"day": self.day.isoformat(), "runs_created": self.runs_created, "skipped_by_cap": self.skipped_by_cap,
+                "expired_by_retention": self.expired_by_retention}
 
 
 def enqueue_runs(engine: Engine, *, now: datetime, full: bool, retention_days: int, daily_cap: int) -> EnqueueResult:
@@ -95,11 +119,20 @@ def enqueue_runs(engine: Engine, *, now: datetime, full: bool, retention_days: i
         state = conn.execute(
             sa.select(enqueue_state_t).where(enqueue_state_t.c.id == 1).with_for_update()
         ).one()
-        start = window.start
+        start, expired = window.start, 0
         if state.backlog_from is not None:
-            start = max(retention.start, min(start, as_utc(state.backlog_from)))
+            backlog_from = as_utc(state.backlog_from)
+            if backlog_from < retention.start:
+                # Held so long by the cap that they left the window: counted, not silently lost.
+                expired = len(_hours_without_run(conn, Window(backlog_from, retention.start)))
+            start = max(retention.start, min(start, backlog_from))
         window = Window(start, window.end)
         waiting = _hours_without_run(conn, window)
+        if state.last_tick_at is not None:
+            # History stored since the last tick for hours before this scan's window.
+            since = as_utc(state.last_tick_at) - LATE_OVERLAP
+            late = _hours_without_run(conn, Window(retention.start, window.start), added_since=since)
+            waiting = sorted(set(waiting) | set(late), key=lambda pair: (pair[1], pair[0]))
         created_today = conn.execute(
             sa.select(sa.func.count()).select_from(runs_t).where(runs_t.c.created_at >= day_start(now))
         ).scalar_one()
@@ -121,10 +154,12 @@ def enqueue_runs(engine: Engine, *, now: datetime, full: bool, retention_days: i
             .values(backlog_from=held[0][1] if held else None, last_tick_at=now)
         )
         upsert(
-            conn, rollups_t, dict(day=utc_day(now), runs_created=len(created), skipped_by_cap=len(held)),
+            conn, rollups_t,
+            dict(day=utc_day(now), runs_created=len(created), skipped_by_cap=len(held), expired_by_retention=expired),
             key=["day"],
             updates={
                 "runs_created": lambda new: rollups_t.c.runs_created + new.runs_created,
+                "expired_by_retention": lambda new: rollups_t.c.expired_by_retention + new.expired_by_retention,
                 "skipped_by_cap": lambda new: sa.case(
                     (new.skipped_by_cap > rollups_t.c.skipped_by_cap, new.skipped_by_cap),
                     else_=rollups_t.c.skipped_by_cap,
@@ -134,12 +169,14 @@ def enqueue_runs(engine: Engine, *, now: datetime, full: bool, retention_days: i
     memory_runs("queued", len(created))  # after the commit: counted once they exist
     return EnqueueResult(
         scan="full" if full else "recent", window=window, created=created, deferred=len(held),
-        cap_left=max(0, room - len(created)),
+        cap_left=max(0, room - len(created)), expired=expired,
     )
 
 
-def _hours_without_run(conn: Connection, window: Window) -> list[tuple[str, datetime]]:
-    """(chat, hour) pairs with messages in the window and no run, oldest hour first."""
+def _hours_without_run(conn: Connection, window: Window, *,
+                       added_since: datetime | None = None) -> list[tuple[str, datetime]]:
+    """(chat, hour) pairs with messages in the window and no run, oldest hour first;
+    with ``added_since``, only hours that got messages stored since then."""
     has_run = sa.exists().where(runs_t.c.chat_id == messages_t.c.chat_id, runs_t.c.hour == messages_t.c.hour)
     query = (
         sa.select(messages_t.c.chat_id, messages_t.c.hour)
@@ -147,6 +184,8 @@ def _hours_without_run(conn: Connection, window: Window) -> list[tuple[str, date
         .distinct()
         .order_by(messages_t.c.hour, messages_t.c.chat_id)
     )
+    if added_since is not None:
+        query = query.where(messages_t.c.added_at >= added_since)
     return [(row.chat_id, as_utc(row.hour)) for row in conn.execute(query)]
 
 
@@ -184,83 +223,8 @@ def status_counts(engine: Engine) -> dict[str, int]:
 def rollups(engine: Engine, *, days: int = 14) -> list[Rollup]:
     query = sa.select(rollups_t).order_by(rollups_t.c.day.desc()).limit(days)
     with database_errors(engine), engine.connect() as conn:
-        return [Rollup(row.day, row.runs_created, row.skipped_by_cap) for row in conn.execute(query)]
-
-
-def stale_queued(engine: Engine, *, now: datetime, older_than: timedelta) -> list[RunRecord]:
-    """Queued runs created long ago: their message was lost (e.g. a broker restart)."""
-    query = sa.select(runs_t).where(runs_t.c.status == "queued", runs_t.c.updated_at <= as_utc(now) - older_than)
-    with database_errors(engine), engine.connect() as conn:
-        return [RunRecord.from_row(row) for row in conn.execute(query)]
-
-
-# --- the run's lifecycle (the memory worker) ----------------------------------------------
-
-
-def claim_run(engine: Engine, run_id: int, *, now: datetime) -> RunRecord | None:
-    """Mark a run running and count the attempt; None when it is finished or gone.
-
-    A run found ``running`` is taken too: its message came back because the
-    worker that had it died (acks late), and its notes are replaced whole.
-    """
-    with write_transaction(engine) as conn:
-        updated = conn.execute(
-            runs_t.update()
-            .where(runs_t.c.id == run_id, runs_t.c.status.in_(("queued", "running")))
-            .values(status="running", attempts=runs_t.c.attempts + 1, updated_at=as_utc(now))
-        ).rowcount
-        if not updated:
-            return None
-        run = RunRecord.from_row(conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id)).one())
-    memory_runs("running")
-    return run
-
-
-def complete_run(engine: Engine, run_id: int, notes: list[str], *, now: datetime) -> int:
-    """Store the run's notes in place of any earlier ones for its chat hour; mark it done."""
-    with write_transaction(engine) as conn:
-        run = conn.execute(sa.select(runs_t).where(runs_t.c.id == run_id)).one()
-        # Replacing, not adding: a rerun of the same hour never duplicates memories.
-        conn.execute(notes_t.delete().where(notes_t.c.chat_id == run.chat_id, notes_t.c.hour == run.hour))
-        if notes:
-            conn.execute(
-                notes_t.insert(),
-                [{"chat_id": run.chat_id, "hour": run.hour, "text": text, "run_id": run_id} for text in notes],
-            )
-        conn.execute(
-            runs_t.update().where(runs_t.c.id == run_id).values(status="done", error=None, updated_at=as_utc(now))
-        )
-    memory_runs("done")
-    return len(notes)
-
-
-def retry_run(engine: Engine, run_id: int, error: str, *, now: datetime) -> None:
-    """Back to queued, with the error of the attempt that failed."""
-    _set_status(engine, run_id, "queued", error, now)
-
-
-def fail_run(engine: Engine, run_id: int, error: str, *, now: datetime) -> None:
-    _set_status(engine, run_id, "failed", error, now)
-
-
-def requeue_unstarted(engine: Engine, run_id: int, *, now: datetime) -> None:
-    """The attempt never reached a backend (a shutdown, a requeued lane wait): give it back."""
-    with database_errors(engine), engine.begin() as conn:
-        given_back = conn.execute(
-            runs_t.update().where(runs_t.c.id == run_id, runs_t.c.status == "running")
-            .values(status="queued", attempts=sa.case((runs_t.c.attempts > 0, runs_t.c.attempts - 1), else_=0),
-                    updated_at=as_utc(now))
-        ).rowcount
-    memory_runs("queued", given_back)
-
-
-def _set_status(engine: Engine, run_id: int, status: str, error: str, now: datetime) -> None:
-    with database_errors(engine), engine.begin() as conn:
-        conn.execute(
-            runs_t.update().where(runs_t.c.id == run_id)
-            .values(status=status, error=error[:2000], updated_at=as_utc(now))
-        )
-    memory_runs(status)
+        return [Rollup(row.day, row.runs_created, row.skipped_by_cap, row.expired_by_retention)
+                for row in conn.execute(query)]
 
 
 def notes_of(engine: Engine, chat_id: str, hour: datetime | None = None) -> list[dict]:

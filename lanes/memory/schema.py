@@ -35,9 +35,14 @@ def ensure_memory_schema(engine: Engine) -> None:
                 command.upgrade(config, MEMORY_HEAD)
 
 
-def open_memory(settings: Settings) -> Engine:
-    """The catalog engine of ``settings`` with both the schema and the memory tables at head."""
-    engine = open_catalog(settings)
+def open_memory(settings: Settings, *, create: bool = True) -> Engine:
+    """The catalog engine of ``settings`` with both the schema and the memory tables at head.
+
+    ``create=False`` (commands that read runs) refuses a catalog that does not
+    exist yet, as :func:`lanes.catalog.open_catalog` does, instead of making an
+    empty one at a mistyped SQLite path.
+    """
+    engine = open_catalog(settings, create=create)
     try:
         ensure_memory_schema(engine)
     except BaseException:

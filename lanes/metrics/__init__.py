@@ -1,10 +1,11 @@
-"""Prometheus metrics of Lanes (the names, labels and meanings: README "Metrics").
+"""Prometheus metrics of Lanes (the names, labels and meanings: docs/METRICS.md).
 
-- Process metrics (:mod:`lanes.metrics.instruments`): counters, histograms and
+- Process metrics (:mod:`lanes.instruments`): counters, histograms and
   gauges on prometheus_client's default registry, created on first use. The
-  walker's reports reach them through :class:`MetricsObserver` (one entry of
+  walker's reports reach them through
+  :class:`lanes.routing.metrics_observer.MetricsObserver` (one entry of
   ``Runtime.observers``); width changes, retries, the memory gate and memory
-  runs through the functions of :mod:`lanes.metrics.counts`.
+  runs through the functions of :mod:`lanes.instruments.counts`.
 - Lane gauges (:class:`LaneCollector`): read from Redis at scrape time for
   every pool of the catalog, so every process shows the same lanes.
 - :func:`install` registers the collector on the default registry, once per
@@ -18,15 +19,15 @@ from __future__ import annotations
 
 import threading
 
+from lanes.instruments import (events_dropped, handback_possibly_lost, instruments, memory_gate, memory_runs, retried,
+                               retried_walk, status_class, width_changed)
 from lanes.metrics.collector import LaneCollector
-from lanes.metrics.counts import memory_gate, memory_runs, retried, retried_walk, width_changed
-from lanes.metrics.instruments import instruments, status_class
-from lanes.metrics.observer import MetricsObserver
 from lanes.settings import Settings
 
 __all__ = [
     "LaneCollector",
-    "MetricsObserver",
+    "events_dropped",
+    "handback_possibly_lost",
     "install",
     "instruments",
     "lane_collector",

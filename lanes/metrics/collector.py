@@ -13,7 +13,10 @@ A scrape reads one lane script per pool and one breaker check per model; the
 reading is kept for ``cache_seconds`` (2 s) so that several scrapers, or a
 dashboard refreshing fast, cost Redis one reading. When Redis or the catalog
 does not answer, the scrape still succeeds with the process metrics and
-these families empty (the failure is logged, at most once a minute).
+these families empty (the failure is logged, at most once a minute), and
+``lanes_lane_collector_up`` says 0: an empty family cannot fire an alert, so
+without it every lane alert would go quiet exactly while Redis is away
+(deploy/prometheus/rules/lanes.yml alerts on it).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from lanes.catalog import RoutingTable
+from lanes.celery_client import broker_client, broker_queued
 from lanes.namespace import Namespace
 from lanes.routing.breaker import Breakers
 from lanes.routing.share import ShareStore
@@ -47,6 +51,9 @@ def _families() -> dict[str, Metric]:
         "configured": GaugeMetricFamily(
             "lanes_lane_configured_width", "Width written in the catalog", labels=["pool"]),
         "in_flight": GaugeMetricFamily("lanes_lane_in_flight", "Slots held now", labels=["pool"]),
+        "broker_queued": GaugeMetricFamily(
+            "lanes_broker_queued", "Requests of the pool's fleet not yet taken by a worker, by priority",
+            labels=["pool", "priority"]),
         "queued": GaugeMetricFamily(
             "lanes_lane_queued", "Requests waiting in the lane, by priority", labels=["pool", "priority"]),
         "grants": CounterMetricFamily(
@@ -62,6 +69,9 @@ def _families() -> dict[str, Metric]:
         "share": GaugeMetricFamily(
             "lanes_failover_share", "Fraction of a workflow's requests that try its primary first (seed 003)",
             labels=["workflow"]),
+        "up": GaugeMetricFamily(
+            "lanes_lane_collector_up",
+            "1 when the last reading of the lanes from Redis and the catalog succeeded, 0 when it failed"),
     }
 
 
@@ -100,12 +110,15 @@ class LaneCollector(Collector):
         families = _families()
         try:
             self._fill(families)
+            up = 1
         except Exception as exc:  # noqa: BLE001 - a scrape must answer with what it has
-            families = _families()
+            families = _families()  # nothing half-read: a partial lane list would look like fewer pools
+            up = 0
             now = self.clock()
             if now - self._warned_at >= WARN_EVERY_SECONDS:
                 self._warned_at = now
                 log.warning("lane metrics not read: %s", exc)
+        families["up"].add_metric([], up)
         self.readings += 1
         return list(families.values())
 
@@ -123,6 +136,8 @@ class LaneCollector(Collector):
             f["in_flight"].add_metric([pool.name], stats.in_flight)
             for priority, count in stats.queued.items():
                 f["queued"].add_metric([pool.name, priority.label], count)
+            for priority, count in broker_queued(broker_client(self.settings, self.client), pool.name).items():
+                f["broker_queued"].add_metric([pool.name, priority.label], count)
             f["grants"].add_metric([pool.name], stats.grants)
             f["expired"].add_metric([pool.name], stats.expired)
         for model in sorted(table.models):

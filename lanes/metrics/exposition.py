@@ -12,6 +12,10 @@ child keep counting) together with the lane gauges read from Redis.
 A worker started on its own (``celery -A workers.app worker``, tests) with
 ``LANES_METRICS_PORT`` serves its own default registry instead
 (:func:`serve`); a child of a supervisor never binds the port itself.
+
+Both listen on ``LANES_METRICS_HOST``, this host only (127.0.0.1) unless
+told otherwise: a container that Prometheus scrapes from another one sets
+0.0.0.0.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from prometheus_client import multiprocess
 
 from lanes.errors import InvalidInput
 from lanes.metrics.collector import LaneCollector
-from lanes.metrics.instruments import instruments
+from lanes.instruments import instruments
 
 log = logging.getLogger("lanes.metrics")
 
@@ -40,7 +44,7 @@ def under_supervisor() -> bool:
     return bool(os.environ.get(MULTIPROC_ENV))
 
 
-def serve(port: int, registry=None, *, addr: str = "0.0.0.0"):
+def serve(port: int, registry=None, *, addr: str = "127.0.0.1"):
     """Serve ``registry`` (default: the process's) on ``port``; returns the server (``shutdown()`` stops it)."""
     from prometheus_client import REGISTRY
 
@@ -51,7 +55,7 @@ def serve(port: int, registry=None, *, addr: str = "0.0.0.0"):
             f"cannot serve /metrics on port {port} ({exc.strerror or exc}); set LANES_METRICS_PORT to a free "
             "port (each worker on one host needs its own), or 0 to serve none"
         ) from None
-    log.info("serving /metrics on port %d", server.server_port)
+    log.info("serving /metrics on %s port %d", addr, server.server_port)
     return server
 
 
@@ -73,7 +77,7 @@ class ChildrenCollector(multiprocess.MultiProcessCollector):
 class SupervisedExposition:
     """The supervisor's ``/metrics``: its children's values (multiprocess) and the lane gauges."""
 
-    def __init__(self, port: int, collector: LaneCollector, *, addr: str = "0.0.0.0") -> None:
+    def __init__(self, port: int, collector: LaneCollector, *, addr: str = "127.0.0.1") -> None:
         self.folder = tempfile.mkdtemp(prefix="lanes-metrics-")
         self.registry = CollectorRegistry()
         ChildrenCollector(self.registry, path=self.folder)
@@ -110,4 +114,5 @@ def supervised(settings, table) -> SupervisedExposition | None:
         return None
     from lanes.metrics import lane_collector
 
-    return SupervisedExposition(settings.metrics_port, lane_collector(settings, table=table))
+    return SupervisedExposition(settings.metrics_port, lane_collector(settings, table=table),
+                                addr=settings.metrics_host)

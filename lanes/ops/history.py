@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Iterable
 
 from lanes.errors import InvalidInput
 from lanes.memory import add_messages, check_message, open_memory
+from lanes.memory.history import refuse_problems
 
 
-def add_history(settings, messages: Iterable[object]) -> dict:
-    """Check every message, then store them all in one transaction.
+def add_history(settings, messages: Iterable[object], *, now: datetime | None = None) -> dict:
+    """Check every message, then store the new ones in one transaction.
 
-    Any bad message refuses the whole batch (nothing is written). Returns
-    ``{"added": count, "chats": distinct chat ids}``.
+    Any bad message refuses the whole batch (nothing is written), and the
+    refusal names every bad message by its index, as the CLI names every
+    bad line of a file. A message stored before is skipped. Returns
+    ``{"added": new messages, "already": skipped, "chats": distinct chat ids}``.
     """
     messages = list(messages)
     if not messages:
         raise InvalidInput("no messages given; send at least one {chat_id, at, role, text} object")
-    checked = []
+    checked, problems = [], []
     for index, message in enumerate(messages):
         try:
-            checked.append(check_message(message))
+            checked.append(check_message(message, now=now))
         except InvalidInput as exc:
-            where = f"messages[{index}]: " if len(messages) > 1 else ""
-            raise InvalidInput(f"{where}{exc}; nothing was written") from None
+            problems.append(f"messages[{index}]: {exc}")
+    refuse_problems(problems, noun="message", source="the request")
     engine = open_memory(settings)
     try:
-        count = add_messages(engine, checked)
+        added = add_messages(engine, checked, now=now)
     finally:
         engine.dispose()
-    return {"added": count, "chats": len({m.chat_id for m in checked})}
+    return {"added": added.added, "already": added.already, "chats": len({m.chat_id for m in checked})}

@@ -26,7 +26,7 @@ from lanes.catalog import ChangeSet, apply_document, load_routing
 from lanes.catalog.apply import CatalogMoved
 from lanes.catalog.document import PoolIn, WorkflowIn
 from lanes.catalog.export import read_catalog, to_document
-from lanes.errors import CatalogInvalid, InvalidInput, LanesError, NotFound
+from lanes.errors import CatalogInvalid, Conflict, InvalidInput, NotFound
 from lanes.ops.pools import follow_width
 
 # Names and history stay with `lanes catalog apply`: a rename through a PATCH
@@ -73,7 +73,8 @@ def patch_item(engine, section: Section, name: str, changes: dict[str, Any]) -> 
             continue
         except CatalogInvalid as exc:
             raise CatalogInvalid([_local(p, f"{section.key}[{index}]") for p in exc.problems]) from None
-    raise LanesError(f"the catalog kept changing while {section.noun} {name!r} was patched; try again")
+    raise Conflict(f"the catalog kept changing while {section.noun} {name!r} was patched ({ATTEMPTS} tries); "
+                   "nothing was written; read it again and send the change again")
 
 
 def _merged(section: Section, current: dict, changes: dict[str, Any]) -> dict:

@@ -4,7 +4,7 @@
 /v1/pools`` returns: configured and live width, in-flight, queued per
 priority, mean hold, wait p50/p95, the controllers and their last decision,
 and a utilisation snapshot (in-flight over live width); each row is built by
-:mod:`lanes.lane_stats`, as ``lanes top`` and Flower build theirs.
+:mod:`lanes.ops.lane_stats`, as ``lanes top`` and Flower build theirs.
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import Iterator
 
-from lanes import lane_stats
 from lanes.catalog import PoolInfo, load_routing, set_pool_width
 from lanes.errors import InvalidInput, NotFound, RedisUnavailable
+from lanes.ops import lane_stats
 from lanes.pools import WidthAuthority
 from lanes.presence import WorkerPresence
 from lanes.redis_conn import REDIS_UNAVAILABLE, eviction_warning
@@ -42,7 +42,7 @@ def pool_reports(client, name: str | None = None) -> tuple[list[dict], str | Non
     """(one row per pool, sorted by name; a Redis eviction warning or None).
 
     ``name`` narrows the rows to that pool (:class:`NotFound` if there is none).
-    Rows come from :func:`lanes.lane_stats.pool_rows`, as ``lanes top`` and Flower show them.
+    Rows come from :func:`lanes.ops.lane_stats.pool_rows`, as ``lanes top`` and Flower show them.
     """
     table = load_routing(client.engine)
     pools = list(table.pools.values())
@@ -60,12 +60,31 @@ def pool_reports(client, name: str | None = None) -> tuple[list[dict], str | Non
 
 
 def follow_width(client, pool: PoolInfo) -> int:
-    """Bring ``pool``'s live lane to the width authority's width now; the live width."""
+    """Bring ``pool``'s live lane to the width authority's width now; the live width.
+
+    A change of the live width is one ``width_change`` routing event with
+    ``controller="operator"`` (as a controller's change is one with its own
+    name), so ``lanes top`` and the event log count an operator's resizes too.
+    """
     with redis_errors():
         lane = live_lane(client, pool)
+        before = lane.stats()
         authority(client).sync(pool, lane)
         stats = lane.stats()
+        if before.exists and stats.exists and stats.width != before.width:
+            _record_operator_resize(client, pool, before.width, stats.width)
     return stats.width if stats.exists else authority(client).width(pool)
+
+
+def _record_operator_resize(client, pool: PoolInfo, old: int, new: int) -> None:
+    from lanes.routing.events import EventLog
+
+    if not client.settings.events_enabled:
+        return
+    log = EventLog(client.redis, prefix=client.settings.key_prefix, max_len=client.settings.events_max)
+    log.record("width_change", pool=pool.name, controller="operator", old=old, new=new,
+               reason=f"operator change: configured width {pool.width}")
+    log.close()  # written now: the answer that follows may be read together with it
 
 
 def set_width(client, name: str, width: int) -> tuple[PoolInfo, int]:
@@ -78,3 +97,35 @@ def set_width(client, name: str, width: int) -> tuple[PoolInfo, int]:
         raise InvalidInput(f"width {width!r} is not a width >= 1")
     pool = set_pool_width(client.engine, name, width)
     return pool, follow_width(client, pool)
+
+
+SCRAPE_HIDDEN = "scrape failed (what it read is shown with the admin token)"
+
+
+def public_row(row: dict) -> dict:
+    """``row`` as a reader without the admin token sees it: no scrape URL, no scraped text.
+
+    A controller's scrape error quotes what the metrics URL answered (a
+    parser's complaint about its first line), and its URLs are the
+    catalog's; both stay with the token holders who set them.
+    """
+    control = row.get("control")
+    if not control:
+        return row
+    return {**row, "control": _hide_scrape(control)}
+
+
+def _hide_scrape(value, key: str | None = None):
+    if isinstance(value, dict):
+        hidden = {}
+        for name, child in value.items():
+            if key == "scrape" and name in ("urls", "error"):
+                hidden[name] = None if name == "urls" or child is None else SCRAPE_HIDDEN
+                continue
+            hidden[name] = _hide_scrape(child, name)
+        return hidden
+    if isinstance(value, list):
+        return [_hide_scrape(child, key) for child in value]
+    if isinstance(value, str) and value.startswith("scrape failed"):
+        return SCRAPE_HIDDEN
+    return value

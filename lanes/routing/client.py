@@ -17,24 +17,28 @@ import json
 import threading
 import time
 import uuid
+from dataclasses import replace
 from datetime import datetime
 from functools import cached_property
 
 import redis
 from celery.result import AsyncResult
+from celery.states import READY_STATES
 
 from lanes.catalog import RoutingTable, open_catalog
 from lanes.celery_client import HOSTED_FLEET, MESSAGE_PRIORITY, ROUTE_TASK, make_celery, queue_for, shown_arguments
 from lanes.embedded import client_redis_url
-from lanes.errors import InvalidInput, RedisUnavailable
+from lanes.errors import InvalidInput, NotFound, RedisUnavailable, ResultLost
+from lanes.namespace import Namespace
 from lanes.presence import WorkerPresence
 from lanes.priority import Priority
-from lanes.redis_conn import connect
+from lanes.redis_conn import REDIS_UNAVAILABLE, connect
 from lanes.routing.idempotency import IdempotencyKey, check_key, request_fingerprint
 from lanes.routing.request import RouteRequest, check_payload, parse_deadline
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
-from lanes.settings import Settings, load_settings, mask_url
+from lanes.namespace import Namespace
+from lanes.settings import Settings, broker_url_of, load_settings, mask_url, result_url_of
 
 
 class LanesClient:
@@ -64,6 +68,22 @@ class LanesClient:
     @cached_property
     def redis(self) -> redis.Redis:
         return connect(self.redis_url, timeout=self.settings.redis_timeout_seconds)
+
+    @cached_property
+    def broker_url(self) -> str:
+        return broker_url_of(self.settings, self.redis_url)
+
+    @cached_property
+    def result_url(self) -> str:
+        return result_url_of(self.settings, self.redis_url)
+
+    @cached_property
+    def results_redis(self) -> redis.Redis:
+        """The result store's Redis: idempotency keys and accepted-task records live there,
+        beside the results they lead to (durable; the lanes' Redis need not be)."""
+        if self.result_url == self.redis_url:
+            return self.redis
+        return connect(self.result_url, timeout=self.settings.redis_timeout_seconds)
 
     @cached_property
     def celery(self):
@@ -104,15 +124,23 @@ class LanesClient:
         binding = fingerprint = None
         if idempotency_key is not None:
             binding = IdempotencyKey(
-                self.redis, prefix=self.settings.key_prefix, workflow=workflow, key=idempotency_key,
+                self.results_redis, prefix=self.settings.key_prefix, workflow=workflow, key=idempotency_key,
                 claim_seconds=self.settings.idempotency_claim_seconds,
                 ttl_seconds=self.settings.idempotency_ttl_seconds,
             )
             fingerprint = request_fingerprint(workflow, body, chosen.label)
-            existing = binding.claim(request.task_id, fingerprint)
-            if existing is not None:
-                return self.celery.AsyncResult(existing)
+            claim = binding.claim(request.task_id, fingerprint)
+            if not claim.send:
+                return self.celery.AsyncResult(claim.task_id)
+            # The key's task id: a binding left unconfirmed (a lost publish reply) is sent again
+            # under its own id, which the worker's run lease joins with a copy already queued.
+            request = replace(request, task_id=claim.task_id)
+        self._mark_accepted(request.task_id, binding)
         try:
+            # Known from now on, for as long as its result is kept: a revoke
+            # or a read of an id never submitted can then say so.
+            self.redis.set(Namespace(self.settings.key_prefix).submitted(request.task_id), workflow,
+                           ex=self.settings.result_ttl_seconds)
             self.celery.send_task(
                 ROUTE_TASK,
                 args=[request.to_message()],
@@ -123,22 +151,41 @@ class LanesClient:
                                   deadline=request.deadline),
             )
         except Exception as exc:
-            if binding is not None:
-                try:
-                    binding.release(request.task_id)
-                except redis.RedisError:
-                    pass  # the claim lapses on its own
+            # Whether the message is queued is unknown (the reply may be all that was lost),
+            # so an idempotency key stays bound to this task id: a repeat sends this same task.
             detail = _first_line(exc)
+            again = ("submit again with the same idempotency key: it sends this same task, never a second one"
+                     if binding is not None else
+                     "it may be queued if only the reply was lost; an idempotency key makes a repeat safe")
             raise RedisUnavailable(
-                f"could not enqueue the task: Redis at {mask_url(self.redis_url)} did not answer ({detail}); "
-                "check that it runs and LANES_REDIS_URL points at it"
+                f"could not confirm that task {request.task_id} was queued: the broker Redis at "
+                f"{mask_url(self.broker_url)} did not answer ({detail}); {again}"
             ) from None
         if binding is not None:
             try:
                 binding.confirm(request.task_id, fingerprint)
             except redis.RedisError:
-                pass  # the task is queued; only a repeat after the claim lapsed would send another
+                pass  # the task is queued; a repeat sends the same task id again, joined by the run lease
         return self.celery.AsyncResult(request.task_id)
+
+    def _mark_accepted(self, task_id: str, binding: IdempotencyKey | None) -> None:
+        """Record on the result store that ``task_id`` is being queued, before the publish:
+        a waiter who later finds neither this nor a result knows the record was lost
+        (``wait``), rather than reading PENDING forever."""
+        try:
+            self.results_redis.set(Namespace(self.settings.key_prefix).accepted(task_id), "1",
+                                   ex=self.settings.result_ttl_seconds)
+        except REDIS_UNAVAILABLE as exc:
+            if binding is not None:
+                try:
+                    binding.release(task_id)  # nothing was sent
+                except redis.RedisError:
+                    pass  # unconfirmed: the next submit with the key sends the task
+            raise RedisUnavailable(
+                f"could not enqueue the task: Redis at {mask_url(self.result_url)} did not answer "
+                f"({_first_line(exc)}); nothing was sent; check that it runs and LANES_RESULT_URL "
+                "(or LANES_REDIS_URL) points at it"
+            ) from None
 
     def _check_size(self, workflow: str, payload: dict) -> None:
         limit = self.settings.max_payload_bytes
@@ -174,6 +221,39 @@ class LanesClient:
             )
         return out
 
+    def wait(self, task_id: str, timeout: float) -> dict | None:
+        """Wait up to ``timeout`` seconds for ``task_id`` to end: its report, or None.
+
+        A Redis that stops answering meanwhile is waited for (a restart of a
+        persistent Redis loses nothing). A task that is neither ended, started,
+        nor recorded as accepted has had its record lost with its Redis:
+        ``ResultLost``, not PENDING forever.
+        """
+        _check_task_id(task_id)
+        give_up = time.monotonic() + timeout
+        pause = 0.05
+        while True:
+            try:
+                report = self.result(task_id)
+                if report["state"] in READY_STATES:
+                    return report
+                if report["state"] == "PENDING" and not report["attempts"] and not self._accepted(task_id):
+                    raise ResultLost(
+                        f"task {task_id} has no record in the result store at {mask_url(self.result_url)}: "
+                        "its Redis lost it (restarted without persistence, or its records expired); the task "
+                        "may never run. Submit it again (with the same idempotency key, it is sent at most once more)"
+                    )
+            except (*REDIS_UNAVAILABLE, RedisUnavailable, OSError):
+                pass  # Redis away: wait for it within the timeout
+            left = give_up - time.monotonic()
+            if left <= 0:
+                return None
+            time.sleep(min(pause, left))
+            pause = min(1.0, pause * 2)
+
+    def _accepted(self, task_id: str) -> bool:
+        return bool(self.results_redis.exists(Namespace(self.settings.key_prefix).accepted(task_id)))
+
     def revoke(self, task_id: str) -> dict:
         """Revoke ``task_id`` on every worker; its report as it stands now.
 
@@ -183,6 +263,11 @@ class LanesClient:
         already under way runs to its end: the threads pool cannot stop it.
         """
         _check_task_id(task_id)
+        if not self._known(task_id):
+            raise NotFound(
+                f"unknown task {task_id!r}: no task with this id was submitted in the last "
+                f"{self.settings.result_ttl_seconds}s (results are kept that long); nothing was revoked"
+            )
         try:
             self.celery.control.revoke(task_id)
         except Exception as exc:
@@ -192,7 +277,18 @@ class LanesClient:
             ) from None
         return self.result(task_id)
 
+    def _known(self, task_id: str) -> bool:
+        """Whether ``task_id`` was submitted here, or has a state or a trace of its own."""
+        try:
+            if self.redis.exists(Namespace(self.settings.key_prefix).submitted(task_id)):
+                return True
+            return self.celery.AsyncResult(task_id).state != "PENDING" or bool(self.traces.load(task_id))
+        except redis.RedisError as exc:
+            raise RedisUnavailable(f"could not look task {task_id} up: Redis did not answer ({_first_line(exc)})") from None
+
     def close(self) -> None:
+        if "results_redis" in self.__dict__ and self.results_redis is not self.__dict__.get("redis"):
+            self.results_redis.close()
         if "redis" in self.__dict__:
             self.redis.close()
         if "celery" in self.__dict__:

@@ -8,8 +8,9 @@ request a round trip. The stream is trimmed to ``max_len`` entries.
 Events are a report, never a reason to lose work: the flusher survives any
 Redis error (a full no-eviction Redis answers ``OutOfMemoryError``, not a
 connection error), the buffer in the process is bounded in ``record()`` itself
-(the oldest events are dropped and counted while Redis cannot take them), and
-``close()`` never raises.
+(the oldest events are dropped while Redis cannot take them: counted in
+``dropped`` and exported as ``lanes_events_dropped_total``), and ``close()``
+never raises.
 
 :class:`EventObserver` turns the walker's attempts and bypasses into events:
 ``lane_wait`` (one per admission), ``lane_bypass`` (one per candidate passed
@@ -26,6 +27,7 @@ from dataclasses import dataclass
 import redis
 
 from lanes.errors import RedisUnavailable
+from lanes.instruments import events_dropped
 from lanes.namespace import Namespace
 from lanes.routing.observers import Attempt, BaseObserver, Bypass
 
@@ -77,6 +79,9 @@ class EventLog:
         self._interval = flush_interval
         self._buffer: list[dict] = []
         self._lock = threading.Lock()
+        # One flush at a time: a flush that returns has written everything recorded
+        # before it, even when the background flusher had taken it and was writing.
+        self._flush_lock = threading.Lock()
         self._wake = threading.Event()
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -90,10 +95,14 @@ class EventLog:
             overflow = len(self._buffer) - self._max_buffer
             if overflow > 0:
                 del self._buffer[:overflow]
-                self.dropped += overflow
+                self._count_dropped(overflow)
             if self._thread is None and not self._closed:
                 self._thread = threading.Thread(target=self._run, name="lanes-events", daemon=True)
                 self._thread.start()
+
+    def _count_dropped(self, count: int) -> None:
+        self.dropped += count
+        events_dropped(count)
 
     def _run(self) -> None:
         while not self._closed:
@@ -107,6 +116,10 @@ class EventLog:
                 log.warning("routing events could not be flushed; retrying", exc_info=True)
 
     def flush(self) -> int:
+        with self._flush_lock:
+            return self._write_buffer()
+
+    def _write_buffer(self) -> int:
         with self._lock:
             batch, self._buffer = self._buffer, []
         if not batch:
@@ -122,7 +135,7 @@ class EventLog:
                 kept = batch + self._buffer
                 overflow = len(kept) - self._max_buffer
                 if overflow > 0:
-                    self.dropped += overflow
+                    self._count_dropped(overflow)
                     kept = kept[overflow:]
                 self._buffer = kept
             raise RedisUnavailable(f"could not write routing events: {exc}") from exc

@@ -46,8 +46,12 @@ class Attempt:
     the request drew under the failover share (:mod:`lanes.routing.share`):
     the share's generation at the draw. ``no_first_token_by`` is the
     first-token limit (seconds) that fired, when the call ended for want of one.
+    ``stream_status`` is the error code a streamed 2xx carried inside the
+    stream, when it carried one (``status`` keeps only what the walker acts on).
+    ``ttft_seconds`` is set whenever a first token came, also on a call that
+    failed after it.
     ``asked_yield``: the lane was full and the admission asked background
-    holders for a slot (preemption, README "Urgent work takes a background slot").
+    holders for a slot (preemption, docs/SCHEDULING.md, "Urgent work takes a background slot").
     """
 
     workflow: str
@@ -68,6 +72,10 @@ class Attempt:
     share_generation: int | None = None
     no_first_token_by: float | None = None
     asked_yield: bool = False
+    stream_status: int | None = None
+    # Submit to this call, for the request's first call (None for later ones):
+    # the whole wait, broker and lane, that the lane wait is a part of.
+    queue_wait_seconds: float | None = None
 
     @property
     def backend_fault(self) -> bool:
@@ -102,6 +110,19 @@ class WaitEnd:
     task_id: str | None = None
 
 
+@dataclass(frozen=True, kw_only=True)
+class Calling:
+    """A request admitted (to its lane's slot, or to a model without a lane), about
+    to call the backend: from here it is calling, no longer waiting."""
+
+    workflow: str
+    model: str
+    pool: str | None
+    priority: Priority
+    at: float
+    task_id: str | None = None
+
+
 class Observer(Protocol):
     def on_attempt(self, attempt: Attempt) -> None: ...
 
@@ -122,6 +143,9 @@ class BaseObserver:
     def on_wait_end(self, wait: WaitEnd) -> None:
         return None
 
+    def on_calling(self, calling: Calling) -> None:
+        return None
+
 
 def _notify(observers: Sequence[Observer], hook: str, report, what: str) -> None:
     for observer in observers:
@@ -137,6 +161,11 @@ def notify_attempt(observers: Sequence[Observer], attempt: Attempt) -> None:
 
 def notify_wait_end(observers: Sequence[Observer], wait: WaitEnd) -> None:
     _notify(observers, "on_wait_end", wait, "a lane wait")
+
+
+def notify_calling(observers: Sequence[Observer], calling: Calling) -> None:
+    # Optional hook: an observer written before it existed simply has none.
+    _notify([o for o in observers if hasattr(o, "on_calling")], "on_calling", calling, "a call's start")
 
 
 def notify_bypass(observers: Sequence[Observer], bypass: Bypass) -> None:

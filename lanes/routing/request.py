@@ -25,6 +25,9 @@ class RouteRequest:
     called: tuple[str, ...] = ()
     # Times this task was requeued after a capacity wait timeout (workers/app.py).
     capacity_requeues: int = 0
+    # Times this background task was sent back after every candidate failed
+    # retryably (an outage): its backoff doubles with each (workers/outage.py).
+    outage_retries: int = 0
 
     def to_message(self) -> dict:
         return {
@@ -37,6 +40,7 @@ class RouteRequest:
             "idempotency_key": self.idempotency_key,
             "called": list(self.called),
             "capacity_requeues": self.capacity_requeues,
+            "outage_retries": self.outage_retries,
         }
 
     @classmethod
@@ -51,11 +55,29 @@ class RouteRequest:
             idempotency_key=message.get("idempotency_key"),
             called=tuple(message.get("called") or ()),
             capacity_requeues=int(message.get("capacity_requeues") or 0),
+            outage_retries=int(message.get("outage_retries") or 0),
         )
 
 
+# The furthest deadline taken: a week. Past it a deadline means nothing to a
+# lane wait, and a huge one (1e20) would overflow the epoch arithmetic of the
+# Redis scripts and the broker's expiry.
+MAX_DEADLINE_SECONDS = 7 * 86_400
+
+
 def parse_deadline(deadline: float | int | datetime | None, *, now: float) -> float | None:
-    """Seconds from now or an aware datetime, as epoch seconds; refuses the past."""
+    """Seconds from now or an aware datetime, as epoch seconds; refuses the past and past a week."""
+    at = _deadline_at(deadline, now=now)
+    if at is not None and at - now > MAX_DEADLINE_SECONDS:
+        shown = deadline.isoformat() if isinstance(deadline, datetime) else repr(deadline)
+        raise InvalidInput(
+            f"deadline {shown} is more than {MAX_DEADLINE_SECONDS} seconds (a week) from now; "
+            "give a nearer one, or none for work that may wait"
+        )
+    return at
+
+
+def _deadline_at(deadline: float | int | datetime | None, *, now: float) -> float | None:
     if deadline is None:
         return None
     if isinstance(deadline, datetime):

@@ -20,18 +20,20 @@ import threading
 import redis
 
 from lanes.catalog import PoolInfo, RoutingTable, WorkflowRoute, open_catalog
+from lanes.catalog.controllers import running_kinds
 from lanes.clock import Clock, SystemClock
-from lanes.control.observer import ControlObserver
+from lanes.control.replicas import Replicas
 from lanes.control.store import ControlStore
 from lanes.errors import InvalidInput
 from lanes.lane import Lane
-from lanes.metrics.observer import MetricsObserver
 from lanes.namespace import Namespace
-from lanes.pools import WidthAuthority, lane_key, pool_lane, running_kinds
+from lanes.pools import WidthAuthority, hosted_lane_key, lane_key, pool_lane
 from lanes.redis_conn import connect, resolve_redis_url
 from lanes.routing.backend import BackendClient
 from lanes.routing.breaker import BreakerObserver, Breakers
+from lanes.routing.control_observer import ControlObserver
 from lanes.routing.events import EventLog, EventObserver
+from lanes.routing.metrics_observer import MetricsObserver
 from lanes.routing.observers import Observer
 from lanes.routing.share import ShareController, ShareObserver, ShareStore
 from lanes.routing.share_metrics import share_metrics
@@ -59,6 +61,28 @@ def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable
     ]
 
 
+# Connections beyond one per walk at once: the runtime's own readers
+# (steward, catalog follower, renewer, presence) share the Redis pool.
+SPARE_REDIS_CONNECTIONS = 64
+
+
+def redis_pool_size(calls_at_once: int | None) -> dict:
+    """``connect``'s pool bound for that many walks at once (redis-py's
+    default of 100 refused connections, "Too many connections", to a gevent
+    worker with hundreds of walks between lane grant and release)."""
+    if calls_at_once is None:
+        return {}
+    return {"max_connections": max(100, calls_at_once + SPARE_REDIS_CONNECTIONS)}
+
+
+def http_pool_size(calls_at_once: int | None) -> dict:
+    """The backend client's connection bound: one per walk at once (a call
+    past the bound would wait for a connection, capping what is in flight)."""
+    if calls_at_once is None:
+        return {}
+    return {"max_connections": max(256, calls_at_once)}
+
+
 class Runtime:
     def __init__(
         self,
@@ -68,20 +92,27 @@ class Runtime:
         clock: Clock | None = None,
         refresh_seconds: float = 1.0,
         engine=None,
+        calls_at_once: int | None = None,
     ) -> None:
+        """``calls_at_once``: the most walks this process runs at the same
+        time (a fleet worker's held messages); the Redis and HTTP connection
+        pools are sized to it, since every one of them may be calling or
+        talking to Redis at once."""
         self.settings = settings
         self.clock = clock or SystemClock()
         self.redis_url = redis_url or resolve_redis_url(settings)
-        self.client: redis.Redis = connect(self.redis_url, timeout=settings.redis_timeout_seconds)
+        self.client: redis.Redis = connect(self.redis_url, timeout=settings.redis_timeout_seconds,
+                                           **redis_pool_size(calls_at_once))
         self.engine = engine or open_catalog(settings)
         self.breakers = Breakers(self.client, prefix=settings.key_prefix)
         self.events = EventLog(
             self.client, prefix=settings.key_prefix, max_len=settings.events_max, enabled=settings.events_enabled
         )
         self.traces = TraceStore(self.client, prefix=settings.key_prefix, ttl_seconds=settings.result_ttl_seconds)
-        self.backend = BackendClient()
+        self.backend = BackendClient(**http_pool_size(calls_at_once))
         self.control = ControlStore(self.client, Namespace(settings.key_prefix))
         self.authority = WidthAuthority(self.control)
+        self.replicas = Replicas(self.client, Namespace(settings.key_prefix))
         # Everything that wants to hear how each backend call ended (walker -> observers).
         self.shares = ShareController(ShareStore(self.client, Namespace(settings.key_prefix)), clock=self.clock,
                                       events=self.events, metrics=share_metrics())
@@ -92,6 +123,7 @@ class Runtime:
         self.catalog = CatalogView(self.engine, refresh_seconds=refresh_seconds, on_change=self._follow_catalog)
         self._lock = threading.Lock()
         self._lanes: dict[int, Lane] = {}
+        self._hosted: dict[tuple[str, str], Lane] = {}
         self._steward = None
 
     # --- catalog -----------------------------------------------------------
@@ -144,9 +176,10 @@ class Runtime:
         from lanes.control.steward import Steward
 
         if self._steward is None:
-            high, low = self.settings.memory_gate_high, self.settings.memory_gate_low
+            from lanes.control.loop import memory_gated as gate_configured
+
             # The same test as the worker's gate (workers/memgate.py): nonsensical marks are no gate.
-            gated = (high is not None and (low is None or low < high)) if memory_gated is None else memory_gated
+            gated = gate_configured(self.settings) if memory_gated is None else memory_gated
             self._steward = Steward(self, follow_seconds=follow_seconds, memory_gated=gated).start()
         return self._steward
 
@@ -165,13 +198,33 @@ class Runtime:
                     self._lanes[pool.id] = lane
         return lane
 
+    def hosted_lane(self, model) -> Lane:
+        """The lane that bounds a hosted model's calls at once (its catalog
+        ``concurrency``), fleet-wide: keyed by the model's name, at exactly
+        that width (no controller moves it)."""
+        key = ("hosted", model.name)
+        lane = self._hosted.get(key)
+        if lane is None or lane.width_hint != model.concurrency:
+            with self._lock:
+                lane = Lane(self.client, hosted_lane_key(model.name), width=model.concurrency,
+                            prefix=self.settings.key_prefix, lease_seconds=self.settings.lease_seconds,
+                            renew_seconds=self.settings.renew_interval)
+                lane.width_hint = model.concurrency
+                self._hosted[key] = lane
+                # A changed limit reaches the live lane at once.
+                try:
+                    lane.resize(model.concurrency)
+                except Exception:  # Redis away: the lane is (re)created at the limit when it comes back
+                    log.warning("hosted lane of %s not resized", model.name, exc_info=True)
+        return lane
+
     def close(self) -> None:
         if self._steward is not None:
             self._steward.stop()
             self._steward = None
         self.events.close()
         self.backend.close()
-        for lane in self._lanes.values():
+        for lane in [*self._lanes.values(), *self._hosted.values()]:
             close = getattr(lane, "close", None)
             if close:
                 close()

@@ -16,6 +16,20 @@ Only attempts on the primary feed the controller, each ending as:
   a lost lease, an answer without a measured first token). Unknown outcomes
   are counted but never enter the rate, and never hold a decision back.
 
+An attempt whose first token was measured is judged by it, whatever came
+after (a stream that failed or went silent after its first token still
+answered within or after the budget), and an overload status counts wherever
+it came from: the response line, or a code embedded in a streamed 2xx
+(``Attempt.stream_status``), for every status the workflow lists, not only
+the three the backend client itself calls overloads.
+
+While the primary's breaker is open the walker passes the primary over
+without trying it. Such a request teaches the share nothing, and it is not
+the quiet that idle recovery is for (a primary tried too rarely to judge):
+the share holds (``held``, one event when it starts) and idle recovery counts
+its intervals from the last time the breaker held the primary back. The
+breaker's half-open trials are real attempts and count as usual.
+
 Over a window of the last ``window_samples`` outcomes (``min_samples`` at
 least): a rate above ``breach_rate_target`` multiplies f by ``share_decay``,
 clears the window and starts a new generation (attempts begun under the old
@@ -48,7 +62,7 @@ from lanes.catalog import RoutingTable, WorkflowRoute
 from lanes.catalog.failover import FailoverParams
 from lanes.clock import Clock
 from lanes.namespace import Namespace
-from lanes.routing.observers import Attempt, BaseObserver
+from lanes.routing.observers import Attempt, BaseObserver, Bypass
 from lanes.routing.scripts import script_source
 
 if TYPE_CHECKING:
@@ -58,7 +72,7 @@ log = logging.getLogger("lanes.routing")
 
 HEALTHY, BREACH, UNKNOWN = "healthy", "breach", "unknown"
 # Changes worth a ``share_change`` event (``started`` is the first use, at 1.0).
-REPORTED = frozenset({"decrease", "increase", "idle_recovery", "retired", "resumed"})
+REPORTED = frozenset({"decrease", "increase", "idle_recovery", "retired", "resumed", "held"})
 
 
 def eligible(route: WorkflowRoute) -> bool:
@@ -66,21 +80,24 @@ def eligible(route: WorkflowRoute) -> bool:
 
 
 def signature(route: WorkflowRoute, params: FailoverParams) -> str:
-    """What a controller was learned under: its parameters, the deadline, the primary's identity."""
+    """What a controller was learned under: its parameters, the deadline, the primary's identity
+    (seed 003: its URL, its key, its upstream model; the key by the variable that holds it)."""
     primary = route.candidates[0]
     text = json.dumps([params.as_dict(), route.default_deadline_seconds, primary.name, primary.base_url,
-                       primary.timeout_seconds], sort_keys=True)
+                       primary.timeout_seconds, primary.api_key_env], sort_keys=True)
     return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 
 def classify(attempt: Attempt, params: FailoverParams) -> str:
     """``healthy``, ``breach`` or ``unknown`` for one attempt on the primary."""
-    if attempt.status is not None and attempt.status in params.overload_statuses:
+    if any(status is not None and status in params.overload_statuses
+           for status in (attempt.status, attempt.stream_status)):
         return BREACH
-    if attempt.outcome == "served":
-        if attempt.ttft_seconds is None:
-            return UNKNOWN
+    if attempt.ttft_seconds is not None:
+        # The first token is the observation, whatever happened to the stream after it.
         return BREACH if attempt.ttft_seconds > params.budget_seconds else HEALTHY
+    if attempt.outcome == "served":
+        return UNKNOWN
     # A first-token limit that fired: a breach only when it was at least the
     # budget; a shorter limit says nothing about the budget (censored).
     if attempt.no_first_token_by is not None and attempt.no_first_token_by >= params.budget_seconds - 1e-6:
@@ -96,12 +113,18 @@ class Update:
     generation: int
     change: str  # '' or started, retired, resumed, decrease, increase, idle_recovery, floor, stale
     previous: float
-    samples: int
+    samples: int  # the window now
     breaches: int
+    decided_samples: int = 0  # the window the change was decided on (a decrease then empties it)
+    decided_breaches: int = 0
 
     @property
     def breach_rate(self) -> float | None:
         return self.breaches / self.samples if self.samples else None
+
+    @property
+    def decided_breach_rate(self) -> float | None:
+        return self.decided_breaches / self.decided_samples if self.decided_samples else None
 
 
 @dataclass(frozen=True)
@@ -124,12 +147,13 @@ class ShareState:
     parked: bool
     decision: str | None
     changed_at: float | None
+    held_at: float | None = None  # the last time the breaker kept a request from the primary
 
     def as_dict(self) -> dict:
         return {
             "workflow": self.workflow, "share": round(self.share, 4), "generation": self.generation,
             "samples": self.samples, "breaches": self.breaches, "unknown": self.unknown, "parked": self.parked,
-            "decision": self.decision, "changed_at": self.changed_at,
+            "decision": self.decision, "changed_at": self.changed_at, "held_at": self.held_at,
         }
 
 
@@ -145,9 +169,10 @@ class ShareStore:
         args = [op, signature(route, params), int(now * 1000), repr(params.share_step), repr(params.share_decay),
                 repr(params.share_floor), repr(params.breach_rate_target), repr(params.recovery_breach_rate),
                 params.window_samples, params.min_samples, params.dwell_ms, params.idle_recovery_ms, *extra]
-        share, generation, change, previous, samples, breaches = self._script(
+        share, generation, change, previous, samples, breaches, decided, decided_breaches = self._script(
             keys=list(self.ns.share(route.name)), args=args)
-        return Update(float(share), int(generation), _text(change), float(previous), int(samples), int(breaches))
+        return Update(float(share), int(generation), _text(change), float(previous), int(samples), int(breaches),
+                      int(decided), int(decided_breaches))
 
     def tick(self, route: WorkflowRoute, params: FailoverParams, now: float) -> Update:
         return self._run("tick", route, params, now)
@@ -158,6 +183,9 @@ class ShareStore:
 
     def unknown(self, route: WorkflowRoute, params: FailoverParams, now: float) -> Update:
         return self._run("unknown", route, params, now)
+
+    def blocked(self, route: WorkflowRoute, params: FailoverParams, now: float) -> Update:
+        return self._run("blocked", route, params, now)
 
     def park(self, workflow: str) -> bool:
         """Mark a workflow's controller parked (its share kept); False when it has none."""
@@ -191,6 +219,7 @@ class ShareStore:
             samples=int(samples), breaches=int(fields.get("breaches", 0)), unknown=int(fields.get("unknown", 0)),
             parked=fields.get("parked") == "1", decision=fields.get("decision"),
             changed_at=float(fields["changed_at"]) / 1000 if fields.get("changed_at") else None,
+            held_at=float(fields["blocked_at"]) / 1000 if fields.get("blocked_at") else None,
         )
 
 
@@ -240,6 +269,12 @@ class ShareController:
         self._reported(route, update)
         return outcome
 
+    def held(self, route: WorkflowRoute) -> None:
+        """The primary's breaker kept a request of ``route`` from trying it (see the module doc)."""
+        if not eligible(route):
+            return
+        self._reported(route, self.store.blocked(route, route.failover, self._now()))
+
     def follow(self, table: RoutingTable) -> None:
         """After a catalog change: park the controllers of workflows left with one candidate,
         retire those turned off. (A changed configuration retires on its next draw.)"""
@@ -257,10 +292,14 @@ class ShareController:
     def _reported(self, route: WorkflowRoute, update: Update) -> None:
         if self.metrics is not None:
             self.metrics.update(route.name, update)
-        if update.change in REPORTED:
+        if update.change == "held":
+            self._event(route, "held", share=update.share, previous=update.previous,
+                        generation=update.generation, reason="breaker_open")
+        elif update.change in REPORTED:
+            rate = update.decided_breach_rate
             self._event(route, update.change, share=update.share, previous=update.previous,
-                        generation=update.generation, samples=update.samples,
-                        breach_rate=None if update.breach_rate is None else round(update.breach_rate, 4))
+                        generation=update.generation, samples=update.decided_samples,
+                        breach_rate=None if rate is None else round(rate, 4))
 
     def _event(self, route: WorkflowRoute, change: str, **detail) -> None:
         if change in ("decrease", "increase", "idle_recovery"):
@@ -287,3 +326,10 @@ class ShareObserver(BaseObserver):
         route = self.rt.table().workflows.get(attempt.workflow)
         if route is not None and eligible(route):
             self.rt.shares.observe(route, attempt)
+
+    def on_bypass(self, bypass: Bypass) -> None:
+        if bypass.reason != "breaker_open":
+            return
+        route = self.rt.table().workflows.get(bypass.workflow)
+        if route is not None and eligible(route) and bypass.model == route.candidates[0].name:
+            self.rt.shares.held(route)

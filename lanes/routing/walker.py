@@ -36,9 +36,10 @@ the answer is returned whatever Redis says (an unreleased slot's lease expires).
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Callable
 
 from lanes.errors import (
@@ -46,15 +47,26 @@ from lanes.errors import (
     AcquireTimeout,
     BackendError,
     BackendTimeout,
+    BackendUnreachable,
     CandidatesExhausted,
     CapacityWaitTimeout,
     DeadlineExpired,
     LaneSignal,
     LeaseLost,
 )
+from lanes.control.replicas import ReplicaCall
 from lanes.priority import Priority
 from lanes.routing.budget import WalkBudget, start_budget
-from lanes.routing.observers import Attempt, Bypass, WaitEnd, notify_attempt, notify_bypass, notify_wait_end
+from lanes.routing.observers import (
+    Attempt,
+    Bypass,
+    Calling,
+    WaitEnd,
+    notify_attempt,
+    notify_bypass,
+    notify_calling,
+    notify_wait_end,
+)
 from lanes.routing.request import RouteRequest
 from lanes.routing.trace import Trace
 
@@ -111,6 +123,11 @@ class _Admission:
     # Called right before the call: False when the slot was asked back (or
     # lost) before it (Permit.before_use); the backend is then not called.
     begin: Callable[[], bool] = lambda: True
+
+
+def lane_name(model) -> str:
+    """What a lane wait on ``model`` is reported under: its pool, or the hosted model's own lane."""
+    return model.pool.name if model.pool is not None else f"hosted:{model.name}"
 
 
 class Walker:
@@ -213,6 +230,9 @@ class Walker:
             admitted = self._admit(route, model, request, last, budget, cancel, trace, resume)
             if admitted is SKIP:
                 return None
+            notify_calling(self.rt.observers, Calling(
+                workflow=route.name, model=model.name, pool=model.pool.name if model.pool else None,
+                priority=request.priority, at=self.rt.clock.now().timestamp(), task_id=request.task_id))
             try:
                 answer = self._call(route, model, request, last, budget, admitted, trace)
             finally:
@@ -234,9 +254,10 @@ class Walker:
                 f"{model.name}'s call ({model.timeout_seconds:.0f}s) no longer fits in this delivery's budget; "
                 "requeued", tuple(self.called),
             )
-        if pool is None:
+        if pool is None and model.concurrency is None:
             return _Admission(None, None)
-        lane = rt.lane(pool)
+        # A hosted model with a concurrency limit waits in a lane of its own.
+        lane = rt.lane(pool) if pool is not None else rt.hosted_lane(model)
         admission = budget.admission_budget(now, 0.0 if last else route.reserve_seconds)
         # The wait ends by the admission budget, and early enough that the
         # call after it still ends inside the walk's budget from delivery.
@@ -258,7 +279,8 @@ class Walker:
         # it at once: there is nothing to cut, and no need to wait for this
         # thread to come back from the steps below to give it back.
         begin = permit.before_use()
-        return _Admission(permit, self._generation(pool, permit, model), begin)
+        generation = self._generation(pool, permit, model) if pool is not None else None
+        return _Admission(permit, generation, begin)
 
     def _wait(self, route, model, request, last, lane, admission, wait_room, wait_limit, cancel, trace,
               resume=False):
@@ -283,15 +305,15 @@ class Walker:
         except AcquireTimeout:
             waited = time.monotonic() - started
             self._wait_ended(route, model, request, "timeout", waited)
-            trace.step(model.name, model.pool.name, "wait_timeout", wait_ms=_ms(waited))
+            trace.step(model.name, lane_name(model), "wait_timeout", wait_ms=_ms(waited))
             if admission is None or admission > wait_room:
                 raise RequeueRequested(
-                    f"lane wait on {model.pool.name} reached {max(0.0, wait_limit):.0f}s, the most this delivery "
+                    f"lane wait on {lane_name(model)} reached {max(0.0, wait_limit):.0f}s, the most this delivery "
                     "can spend there; requeued", tuple(self.called),
                 ) from None
             if last:
                 raise CapacityWaitTimeout(
-                    f"capacity_wait_timeout: no slot on {model.pool.name} for workflow {route.name!r} "
+                    f"capacity_wait_timeout: no slot on {lane_name(model)} for workflow {route.name!r} "
                     f"within {waited:.1f}s; retry later"
                 ) from None
             return SKIP
@@ -324,6 +346,7 @@ class Walker:
             self._bypass(trace, route, model, request, "breaker_open")
             return None
         pool = model.pool
+        first_call = not self.called and not request.called
         self.called.append(model.name)
         report = dict(
             workflow=route.name, model=model.name, pool=pool.name if pool else None,
@@ -331,6 +354,7 @@ class Walker:
             task_id=request.task_id, trial=claim.trial, admitted_at=now,
             wait_seconds=permit.waited_seconds if permit is not None else None,
             asked_yield=permit is not None and permit.asked_yield,
+            queue_wait_seconds=max(0.0, now - request.submitted_at) if first_call else None,
             share_generation=self._share.generation if self._share and model is route.candidates[0] else None,
         )
         started = time.monotonic()
@@ -339,9 +363,7 @@ class Walker:
             if not admitted.begin():
                 raise LeaseLost(f"the slot on {model.name}'s lane was asked back or lost before the call began; "
                                 "nothing was sent")
-            answer = rt.backend.call(model, request.payload, timeout=limits.total,
-                                     first_token_timeout=limits.first_token, abort=permit,
-                                     task_id=request.task_id)
+            answer = self._send(model, request, limits, permit)
         except LeaseLost as exc:
             if permit is not None and permit.yield_asked:
                 # Asked back by urgent work: not an outcome of the backend
@@ -358,12 +380,13 @@ class Walker:
             # which says nothing about the backend.
             ours = exc.limit_seconds < model.timeout_seconds - 1e-3
             attempt = Attempt(outcome="abandoned" if ours else "timeout", reason=str(exc),
-                              call_seconds=time.monotonic() - started,
+                              call_seconds=time.monotonic() - started, ttft_seconds=exc.ttft_seconds,
                               no_first_token_by=exc.limit_seconds if exc.phase == "first_token" else None, **report)
         except BackendError as exc:
             error = exc
             attempt = Attempt(outcome="rejected" if exc.request_rejected else "failed", reason=str(exc),
-                              status=exc.status, call_seconds=time.monotonic() - started, **report)
+                              status=exc.status, call_seconds=time.monotonic() - started,
+                              ttft_seconds=exc.ttft_seconds, stream_status=exc.stream_status, **report)
         except BaseException:
             self._release(permit, model)
             if claim.trial is not None:
@@ -383,6 +406,52 @@ class Walker:
             raise error
         return None
 
+    def _send(self, model, request, limits, permit):
+        """The backend call; to the least busy replica when the pool lists its replicas.
+
+        A replica that cannot be reached got nothing, so the next one is
+        tried at once (while the call's time lasts) and the dead one is
+        marked down for every worker (:mod:`lanes.control.replicas`).
+        """
+        rt = self.rt
+        pool = model.pool
+        if pool is None or not pool.endpoints:
+            return rt.backend.call(model, request.payload, timeout=limits.total,
+                                   first_token_timeout=limits.first_token, abort=permit, task_id=request.task_id)
+        started = time.monotonic()
+        tried: tuple[str, ...] = ()
+        while True:
+            spent = time.monotonic() - started
+            call = self._pick_replica(pool, limits.total, tried)
+            try:
+                return rt.backend.call(
+                    replace(model, base_url=call.endpoint), request.payload, timeout=limits.total - spent,
+                    first_token_timeout=None if limits.first_token is None else limits.first_token - spent,
+                    abort=permit, task_id=request.task_id)
+            except BackendUnreachable:
+                self._best_effort(lambda: rt.replicas.mark_down(pool.id, call.endpoint), "mark a replica down")
+                tried += (call.endpoint,)
+                left = min(limits.total, limits.first_token or limits.total) - (time.monotonic() - started)
+                if len(tried) >= len(pool.endpoints) or left < 1.0:
+                    raise
+            finally:
+                if call.call_id:
+                    self._best_effort(lambda: rt.replicas.release(call), "release a replica's call count")
+
+    def _pick_replica(self, pool, call_seconds: float, tried: tuple[str, ...]) -> ReplicaCall:
+        try:
+            return self.rt.replicas.pick(pool.id, pool.endpoints, call_seconds=call_seconds, avoid=tried)
+        except Exception:  # Redis away: any replica not tried yet still serves the call
+            log.warning("could not pick a replica of pool %s; taking one at random", pool.name, exc_info=True)
+            left = [e for e in pool.endpoints if e not in tried] or list(pool.endpoints)
+            return ReplicaCall(pool.id, random.choice(left), "")
+
+    def _best_effort(self, action, what: str) -> None:
+        try:
+            action()
+        except Exception:
+            log.warning("could not %s", what, exc_info=True)
+
     # --- best-effort parts --------------------------------------------------
 
     def _release(self, permit, model) -> None:
@@ -400,7 +469,7 @@ class Walker:
             log.warning("could not give back the breaker trial of %s", model.name, exc_info=True)
 
     def _wait_ended(self, route, model, request, outcome: str, waited: float) -> None:
-        wait = WaitEnd(workflow=route.name, model=model.name, pool=model.pool.name, priority=request.priority,
+        wait = WaitEnd(workflow=route.name, model=model.name, pool=lane_name(model), priority=request.priority,
                        outcome=outcome, wait_seconds=waited, task_id=request.task_id)
         notify_wait_end(self.rt.observers, wait)
 

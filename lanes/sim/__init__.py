@@ -13,17 +13,19 @@ engine alone, on an injected clock, for harnesses that step time themselves.
 """
 
 from lanes.sim.engine import EngineCore, SimRequest
-from lanes.sim.model import SimModel, knee_factor
+from lanes.sim.model import H100_LLAMA_8B, SimModel, StepTimes, step_seconds
 from lanes.sim.server import Simulator
 from lanes.sim.specs import CatalogModels, catalog_models, parse_model_spec
 
 __all__ = [
     "CatalogModels",
     "EngineCore",
+    "H100_LLAMA_8B",
     "SimModel",
     "SimRequest",
+    "StepTimes",
     "Simulator",
     "catalog_models",
-    "knee_factor",
     "parse_model_spec",
+    "step_seconds",
 ]

@@ -9,7 +9,10 @@ client that disconnects frees its slot at once.
 Routes (``/v1`` and ``/metrics`` see the models of this port; ``/admin`` sees
 every model of the simulator from any port):
 
-- ``POST /v1/chat/completions``, ``POST /v1/embeddings``, ``GET /v1/models``
+- ``POST /v1/chat/completions``, ``POST /v1/completions``, ``POST /v1/embeddings``,
+  ``GET /v1/models`` (with each model's ``max_model_len``); a request vLLM
+  would refuse (no messages, ``max_tokens`` 0, ``n`` 0...) is answered 400
+  in vLLM's error shape
 - ``GET /metrics`` (every model of the port; gauges lag, see ``metrics``),
   ``GET /health`` (503 while a model of the port is down)
 - ``GET /farm/services``: each model's capacity as a farm service limit
@@ -24,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import json
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Callable
 
 from lanes.errors import InvalidInput
 from lanes.sim import openai
@@ -85,8 +88,13 @@ def parse_json(body: bytes, *, required: bool = True) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def cancel_on_disconnect(receive):
+async def cancel_on_disconnect(receive, on_gone: Callable[[], None] | None = None):
     """Cancel the enclosed work when the client disconnects; swallow that cancel.
+
+    ``on_gone`` runs as soon as the disconnect is read, before the cancel
+    reaches the work (a loop turn later): the request is counted out at the
+    moment the server knows its client left, so a request sent after the
+    client saw the server close that connection always finds it counted out.
 
     Needs the request body to be read already. After the response is
     complete the server also reports a disconnect, but by then the block has
@@ -100,6 +108,8 @@ async def cancel_on_disconnect(receive):
         while (await receive())["type"] != "http.disconnect":
             pass
         gone = True
+        if on_gone is not None:
+            on_gone()
         task.cancel()
 
     watcher = asyncio.create_task(watch())
@@ -176,16 +186,17 @@ class SimApp:
     async def route(self, scope, receive, send) -> None:
         method, path = scope["method"], scope["path"].rstrip("/") or "/"
         try:
-            if method == "POST" and path == "/v1/chat/completions":
+            if method == "POST" and path in ("/v1/chat/completions", "/v1/completions"):
                 body = parse_json(await read_body(receive))
                 call = self.fleet.record_call(body.get("model"), _task_of(scope))
-                await self.chat(receive, send, body, call)
+                await self.generate(receive, send, body, call, chat=path.endswith("/chat/completions"))
             elif method == "POST" and path == "/v1/embeddings":
                 body = parse_json(await read_body(receive))
                 call = self.fleet.record_call(body.get("model"), _task_of(scope))
                 await self.embeddings(receive, send, body, call)
             elif method == "GET" and path == "/v1/models":
-                await send_json(send, 200, openai.models_list(sorted(self.models())))
+                limits = {name: served.model.context_limit for name, served in self.models().items()}
+                await send_json(send, 200, openai.models_list(limits))
             elif method == "GET" and path == "/metrics":
                 await self.metrics(send)
             elif method == "GET" and path == "/health":
@@ -215,35 +226,32 @@ class SimApp:
             raise BadRequest(400, f"model {name!r} is a {served.model.kind} model, not {kind}")
         return served
 
-    # --- chat ------------------------------------------------------------------
+    # --- generation (chat and completions) ----------------------------------------
 
-    async def chat(self, receive, send, body: dict[str, Any], call: Call | None = None) -> None:
+    async def generate(self, receive, send, body: dict[str, Any], call: Call | None = None, *, chat: bool) -> None:
         served = self.engine_for(body, "chat")
-        stream = bool(body.get("stream"))
-        max_tokens = body.get("max_completion_tokens") or body.get("max_tokens")
-        max_tokens = max_tokens if isinstance(max_tokens, int) and max_tokens > 0 else None
-        options = body.get("stream_options") or {}
-        include_usage = isinstance(options, dict) and bool(options.get("include_usage"))
-        prompt = openai.prompt_tokens(body.get("messages"))
-        script = openai.scripted_answer(body.get("messages"))
-
+        try:
+            params = openai.chat_params(body) if chat else openai.completion_params(body)
+        except openai.Invalid as exc:
+            raise BadRequest(400, str(exc)) from None
         ticket = served.arrive()
         if call is not None:
             call.ticket = ticket
         try:
-            async with cancel_on_disconnect(receive):
-                request = await self.admit(served, ticket, send, prompt, max_tokens, SSE_HEADERS if stream else None)
-                if request is None:
+            async with cancel_on_disconnect(receive, lambda: served.finish(ticket, "cancelled")):
+                requests = await self.admit(served, ticket, send, params, SSE_HEADERS if params.stream else None)
+                if requests is None:
                     return
-                if stream:
-                    await self.stream_tokens(served, ticket, request, send, prompt, include_usage, script)
+                if params.stream:
+                    writer = openai.ChunkWriter(served.model.name) if chat else openai.TextChunkWriter(served.model.name)
+                    await self.stream_tokens(served, ticket, requests, send, params, writer)
                 else:
-                    await self.complete(served, ticket, request, send, prompt, script)
+                    await self.complete(served, ticket, requests, send, params, chat)
         finally:
             served.finish(ticket, "cancelled")  # a no-op when already finished
 
-    async def admit(self, served: ServedModel, ticket: Ticket, send, prompt: int, max_tokens: int | None,
-                    headers: list | None) -> SimRequest | None:
+    async def admit(self, served: ServedModel, ticket: Ticket, send, params: openai.Params,
+                    headers: list | None) -> list[SimRequest] | None:
         """Failure injection, tokenizing, the engine's admission; None when already answered.
 
         ``headers``: a stream's response starts once the engine accepted it
@@ -257,58 +265,76 @@ class SimApp:
             if served.model.tokenize_ms > 0:  # in flight, but in no engine gauge yet
                 await asyncio.sleep(served.model.tokenize_ms / 1000)
             try:
-                request = served.submit(ticket, prompt_tokens=prompt, max_tokens=max_tokens)
+                requests = served.submit(ticket, prompt_tokens=params.prompt_tokens, max_tokens=params.max_tokens,
+                                         n=params.n)
             except Rejected:
                 served.finish(ticket, "rejected")
                 raise
         except Rejected as exc:
-            await send_json(send, exc.status, openai.error(exc.status, str(exc), exc.kind))
+            if exc.raw is not None:
+                body, content_type = exc.raw
+                await send_bytes(send, exc.status, body, [(b"content-type", content_type)])
+            else:
+                await send_json(send, exc.status, openai.error(exc.status, str(exc), exc.kind))
+            if exc.dead_engine is not None:
+                # vLLM's EngineDeadError handler: answer, then the server exits.
+                asyncio.get_running_loop().call_soon(served.death.exit_server, exc.dead_engine)
             return None
         if headers is not None:
             await send({"type": "http.response.start", "status": 200, "headers": headers})
-        return request
+        return requests
 
-    async def complete(self, served: ServedModel, ticket: Ticket, request: SimRequest, send, prompt: int,
-                       script: str | None = None) -> None:
-        while not request.done:
-            await changed(request)
-        if request.state != FINISHED:
+    async def complete(self, served: ServedModel, ticket: Ticket, requests: list[SimRequest], send,
+                       params: openai.Params, chat: bool) -> None:
+        while not all(r.done for r in requests):
+            await changed(requests[0])
+        failed = next((r for r in requests if r.state != FINISHED), None)
+        if failed is not None:
             served.finish(ticket, "failed")
-            await send_json(send, 500, openai.error(500, request.error or "request failed", "InternalServerError"))
+            await send_json(send, 500, openai.error(500, failed.error or "request failed", "InternalServerError"))
             return
-        answer = openai.completion(served.model.name, request.generated, prompt, request.finish_reason, script)
+        answers = [(r.generated, r.finish_reason) for r in requests]
+        if chat:
+            answer = openai.completion(served.model.name, answers, params.prompt_tokens, params.script)
+        else:
+            answer = openai.text_completion(served.model.name, answers, params.prompt_tokens)
         served.finish(ticket, "served")
         await send_bytes(send, 200, openai.dumps(answer), JSON_HEADERS)
 
-    async def stream_tokens(self, served, ticket, request: SimRequest, send, prompt: int, include_usage: bool,
-                            script: str | None = None) -> None:
-        """A role chunk first, a chunk per token as the engine makes them, and
-        the end: ``[DONE]``, or an error frame then ``[DONE]`` (still HTTP 200)
-        when the request fails mid-way. A preempted request simply stalls."""
-        writer = openai.ChunkWriter(served.model.name)
-        sent = 0
+    async def stream_tokens(self, served, ticket, requests: list[SimRequest], send, params: openai.Params,
+                            writer: openai.ChunkWriter) -> None:
+        """Per sequence, a role chunk first (chat), then a chunk per token as the
+        engine makes them (choice ``index`` = the sequence), and the end:
+        ``[DONE]``, or an error frame then ``[DONE]`` (still HTTP 200) when a
+        sequence fails mid-way. A preempted sequence simply stalls."""
+        sent = [0] * len(requests)
         while True:
             parts = []
-            if sent == 0 and request.generated > 0:
-                parts.append(writer.chunk({"role": "assistant", "content": ""}))
-            while sent < request.generated:
-                last = request.state == FINISHED and sent == request.generated - 1
-                parts.append(writer.chunk({"content": openai.text_token(script, sent, request.max_tokens)}, request.finish_reason if last else None))
-                sent += 1
-            if request.done:
-                if request.state == FINISHED:
-                    if include_usage:
-                        parts.append(writer.usage_chunk(prompt, request.generated))
+            for index, request in enumerate(requests):
+                if sent[index] == 0 and request.generated > 0:
+                    parts.append(writer.role(index))
+                while sent[index] < request.generated:
+                    last = request.state == FINISHED and sent[index] == request.generated - 1
+                    text = openai.text_token(params.script, sent[index], request.max_tokens)
+                    parts.append(writer.text(text, request.finish_reason if last else None, index))
+                    sent[index] += 1
+            failed = next((r for r in requests if r.done and r.state != FINISHED), None)
+            finished = failed is not None or all(r.done for r in requests)
+            if finished:
+                if failed is None:
+                    if params.include_usage:
+                        parts.append(writer.usage_chunk(params.prompt_tokens, sum(r.generated for r in requests)))
                     served.finish(ticket, "served")  # before the client can see the end
                 else:
-                    parts.append(writer.error_chunk(openai.error(500, request.error or "request failed", "InternalServerError")))
+                    parts.append(writer.error_chunk(openai.error(500, failed.error or "request failed",
+                                                                 "InternalServerError")))
                     served.finish(ticket, "failed")
                 parts.append(writer.DONE)
             if parts:
                 await send({"type": "http.response.body", "body": b"".join(parts), "more_body": True})
-            if request.done:
+            if finished:
                 break
-            await changed(request)
+            await changed(requests[0])
         await send({"type": "http.response.body", "body": b"", "more_body": False})
 
     # --- embeddings ----------------------------------------------------------------
@@ -322,11 +348,13 @@ class SimApp:
         if call is not None:
             call.ticket = ticket
         try:
-            async with cancel_on_disconnect(receive):
+            async with cancel_on_disconnect(receive, lambda: served.finish(ticket, "cancelled")):
                 prompt = sum(len(t.split()) for t in texts)
-                request = await self.admit(served, ticket, send, prompt, None, headers=None)
-                if request is None:
+                params = openai.Params(prompt_tokens=prompt, max_tokens=None, n=1, stream=False, include_usage=False)
+                requests = await self.admit(served, ticket, send, params, headers=None)
+                if requests is None:
                     return
+                request = requests[0]
                 while not request.done:
                     await changed(request)
                 if request.state != FINISHED:
@@ -357,7 +385,7 @@ class SimApp:
         await send_bytes(send, 200, body, [(b"content-type", CONTENT_TYPE.encode())])
 
     async def health(self, send) -> None:
-        dead = sorted(name for name, served in self.models().items() if served.model.down)
+        dead = sorted(name for name, served in self.models().items() if served.model.down or served.model.down_replicas)
         if dead:
             await send_json(send, 503, openai.error(503, f"engine dead: {', '.join(dead)}", "ServiceUnavailableError"))
         else:

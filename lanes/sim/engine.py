@@ -20,8 +20,17 @@ What it imitates from vLLM's v1 scheduler:
 - a request whose ``defer_until`` has not come (a grammar compiling) is
   skipped when the scheduler reaches it, keeps its place, and from then
   counts as waiting with reason ``deferred``;
+- each step costs what the step law says (``model.step_seconds``): the
+  batch and its context slow every token from the first request on;
 - gauges are snapshotted once per step and published with a lag (``stats``);
-  an abort changes the exact counts at once but no gauge until a step runs.
+  an abort changes the exact counts at once but no gauge until a step runs,
+  and is not a success (``request_success_total`` counts finished requests).
+
+Time is the engine's own: a step that follows another starts when the one
+before ended, not when the event loop got round to it, so a busy machine
+delays when tokens are *delivered* but not the times the engine records
+(histograms, TTFT). A request is considered by a step only once it has
+arrived (``queued_at``).
 """
 
 from __future__ import annotations
@@ -31,7 +40,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-from lanes.sim.model import SimModel, knee_factor, step_seconds
+from lanes.sim.model import SimModel, step_seconds
 from lanes.sim.stats import EngineCounters, GaugeSnapshot, PublishedGauges
 
 WAITING, RUNNING, FINISHED, ABORTED, FAILED = "waiting", "running", "finished", "aborted", "failed"
@@ -44,6 +53,7 @@ class SimRequest:
     prompt_tokens: int
     max_tokens: int  # tokens to generate
     arrived: float
+    queued_at: float = 0.0  # when the engine got it (after tokenizing)
     finish_reason: str = "stop"  # "length" when max_tokens cut the model's answer
     service_s: float | None = None  # fixed mode: the whole answer this long after admission
     defer_until: float = 0.0
@@ -110,7 +120,7 @@ class EngineCore:
             return
         self._leave(request)
         request.state = ABORTED
-        self.counters.success["abort"] += 1
+        self.counters.aborted += 1
 
     def fail_all(self, message: str) -> list[SimRequest]:
         """The engine died: every request it holds ends with ``message``."""
@@ -137,15 +147,23 @@ class EngineCore:
         changed: list[SimRequest] = []
         acted = False
         for request in [r for r in self.running if r.due is not None and r.due <= now]:
-            self._finish_whole(request, now)
+            self._finish_whole(request, request.due)  # at its own time, however late the wake-up
             changed.append(request)
             acted = True
-        if self.step is not None and self.step.end <= now:
+        # Steps back to back keep their own times (bounded: a late wake-up catches up).
+        for _ in range(100_000):
+            if self.step is None or self.step.end > now:
+                break
+            end = self.step.end
             # A step left empty by aborts reports nothing, as in vLLM, where
             # aborts are applied after the step's stats are made: the gauges
             # stay stale until a step with work runs.
-            acted = self._complete_step(now, changed) or acted
+            worked = self._complete_step(end, changed)
+            acted = worked or acted
             self.step = None
+            if worked:
+                self.published.record(self.snapshot(end), self.model.metrics_lag_s)
+                acted = self._schedule(end) or acted
         if self.step is None:
             acted = self._schedule(now) or acted
         if acted:
@@ -164,7 +182,7 @@ class EngineCore:
     # --- the scheduler ------------------------------------------------------------
 
     def _schedule(self, now: float) -> bool:
-        """Plan one step at ``now``; True when the engine held requests to consider."""
+        """Plan one step starting at ``now``; True when the engine held requests to consider."""
         m = self.model
         step = Step(end=now)
         budget = m.max_num_batched_tokens
@@ -186,8 +204,9 @@ class EngineCore:
         if step.decode or step.prefill:
             prefill_tokens = sum(n for _, n in step.prefill)
             context = sum(r.prompt_tokens + r.generated for r in step.decode)
-            step.end = now + step_seconds(m, self.rng, load=self.load, prefill_tokens=prefill_tokens,
-                                          context_tokens=context)
+            context += sum(r.computed + n for r, n in step.prefill)
+            step.end = now + step_seconds(m, self.rng, sequences=len(step.decode) + len(step.prefill),
+                                          prefill_tokens=prefill_tokens, context_tokens=context)
             self.step = step
             self.counters.steps += 1
         # vLLM steps (and reports) whenever it holds requests, even when it can
@@ -221,6 +240,8 @@ class EngineCore:
         skipped: list[SimRequest] = []
         while self.waiting and len(self.running) < m.capacity:
             request = self.waiting[0]
+            if request.queued_at > now:  # arrives after this step begins
+                break
             if request.defer_until > now:
                 self.waiting.popleft()
                 request.skipped = True
@@ -319,11 +340,6 @@ class EngineCore:
     def kv_usage(self) -> float:
         return min(1.0, self.used_blocks / self.model.kv_blocks)
 
-    @property
-    def load(self) -> float:
-        capacity = self.model.capacity
-        return max(len(self.running) / capacity if capacity else 1.0, self.kv_usage)
-
     def deferred(self, now: float) -> int:
         return sum(1 for r in self.waiting if r.skipped and r.defer_until > now)
 
@@ -332,8 +348,19 @@ class EngineCore:
         return GaugeSnapshot(at=now, running=len(self.running), waiting_capacity=len(self.waiting) - deferred,
                              waiting_deferred=deferred, kv_usage=self.kv_usage)
 
+    def unfinished(self) -> int:
+        """Sequences not finished (vLLM's ``get_num_unfinished_requests``)."""
+        return len(self.running) + len(self.waiting)
+
+    def prefill_tokens_left(self) -> int:
+        """Prompt tokens still to prefill, waiting or running (Dynamo's ``active_prefill_tokens``)."""
+        return sum(r.prefill_target - r.computed for r in (*self.running, *self.waiting) if not r.prefilled)
+
     def queued_tokens(self) -> int:
-        return sum(r.prompt_tokens for r in (*self.running, *self.waiting))
+        """Prompt tokens of requests still in prefill: no token out yet (vLLM's
+        ``OutputProcessor.get_num_queued_tokens``; a preempted request that had
+        emitted tokens is no longer prefilling there)."""
+        return sum(r.prompt_tokens for r in (*self.running, *self.waiting) if r.generated == 0)
 
     def stats(self, now: float) -> dict[str, Any]:
         exact = self.snapshot(now)
@@ -347,5 +374,5 @@ class EngineCore:
             "max_running": self.max_running,
             "preemptions": self.counters.preemptions,
             "steps": self.counters.steps,
-            "knee_factor": knee_factor(self.model, self.load),
+            "aborted": self.counters.aborted,
         }

@@ -6,13 +6,18 @@ as vLLM's do (``stats.PublishedGauges``); counters and histograms are exact.
 Names, labels and buckets follow ``vllm/v1/metrics/loggers.py``: label
 ``model_name`` plus ``engine``.
 
-Flavours (``SimModel.metrics_flavor``), each what a vLLM release exports:
+Flavours (``SimModel.metrics_flavor``), each what a vLLM release exports
+(the dates are shared/REFERENCE.md's):
 
-- ``current`` (0.33): ``kv_cache_usage_perc``, ``num_requests_waiting_by_reason``
-  (from 0.20), ``inter_token_latency_seconds``, ``admission_rejections_total``;
-- ``0.12-0.19``: ``kv_cache_usage_perc``, no waiting-by-reason, no rejections;
-- ``0.9.2-0.10``: both ``kv_cache_usage_perc`` and ``gpu_cache_usage_perc``,
-  ``time_per_output_token_seconds`` instead of the inter-token histogram;
+- ``current`` (0.32 and later): ``kv_cache_usage_perc``,
+  ``num_requests_waiting_by_reason`` (first released in 0.20.0),
+  ``inter_token_latency_seconds``, and the queue limits (0.29.0) with
+  ``admission_rejections_total`` (in the 0.32 metrics docs);
+- ``0.20-0.28``: waiting-by-reason, no queue limits, no rejections;
+- ``0.12-0.19``: ``kv_cache_usage_perc``, no waiting-by-reason;
+- ``0.9.2-0.11``: both ``kv_cache_usage_perc`` (since 0.9.2) and
+  ``gpu_cache_usage_perc`` (removed in 0.12), ``time_per_output_token_seconds``
+  instead of the inter-token histogram;
 - ``legacy`` (before 0.9.2): ``gpu_cache_usage_perc`` only.
 """
 
@@ -34,9 +39,10 @@ from lanes.sim.stats import FINISH_REASONS
 LABELS = ["model_name", "engine"]
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 REJECTION_REASONS = ("max_num_queued_reqs", "max_num_queued_tokens")
-NEW_KV = {"current", "0.12-0.19", "0.9.2-0.10"}
-OLD_KV = {"0.9.2-0.10", "legacy"}
-INTER_TOKEN = {"current", "0.12-0.19"}
+NEW_KV = {"current", "0.20-0.28", "0.12-0.19", "0.9.2-0.11"}
+OLD_KV = {"0.9.2-0.11", "legacy"}
+INTER_TOKEN = {"current", "0.20-0.28", "0.12-0.19"}
+BY_REASON = {"current", "0.20-0.28"}
 
 
 class Scrape:
@@ -87,7 +93,7 @@ class VllmCollector:
                 seen = core.published.at(self.now, core.model.metrics_lag_s)
                 running.add_metric(labels, seen.running)
                 waiting.add_metric(labels, seen.waiting)
-                if flavor == "current":
+                if flavor in BY_REASON:
                     by_reason.add_metric([*labels, "capacity"], seen.waiting_capacity)
                     by_reason.add_metric([*labels, "deferred"], seen.waiting_deferred)
                 if flavor in NEW_KV:

@@ -1,24 +1,27 @@
-"""What one simulated model is: its limits, overload answer, KV cache and timing laws.
+"""What one simulated model is: its limits, overload answer, KV cache and step-time law.
 
 A :class:`SimModel` is a typed, immutable description; the served model keeps
 the live copy and replaces it (``dataclasses.replace``) when the admin endpoint
 changes it, so every change goes through the same validation.
 
-Two timing modes (see ``engine`` for the scheduler that applies them):
+The physical mode (the default) is vLLM's: every engine step gives each
+running sequence one token (or a chunk of its prompt) and costs
 
-- ``service_ms`` set: a fixed total. The whole answer is ready ``service_ms``
-  after admission (first token included), whatever else runs, which keeps
-  simple benchmarks exact. Such a request reserves the KV blocks of its whole
-  answer at admission and is never preempted.
-- otherwise vLLM-like steps. Every running request advances by one token per
-  engine step; a step that holds a prefill costs ``ttft_ms`` instead of
-  ``per_token_ms``, plus ``prefill_ms_per_token`` per prompt token it
-  processes (at most ``max_num_batched_tokens`` tokens per step, shared with
-  the decodes), plus ``context_ms_per_1k`` per thousand tokens of context in
-  the batch. Past ``knee`` the base cost grows with load (see
-  :func:`knee_factor`). So a short prompt on an idle engine sees its first
-  token after ``ttft_ms`` and the answer after ``ttft_ms + per_token_ms *
-  (tokens - 1)``; a long prompt, a queue or a full batch make both longer.
+    step = per_token_ms                      (a: the weights read once per step)
+         + per_seq_ms x sequences in the step        (b)
+         + context_ms_per_1k x context tokens / 1000 (c: the KV cache the step attends)
+         + prefill_ms_per_token x prompt tokens it processes
+         + ttft_ms if the step holds prefill work (a fixed extra, 0 by default)
+
+so a request's time per token grows with the batch and its context from the
+first request on; ``capacity`` (``max_num_seqs``) and the KV cache only limit
+how many run. The defaults are a 7-8B model in BF16 on one H100 80GB, fitted to
+published vLLM figures (see :data:`H100_LLAMA_8B`).
+
+``service_ms`` set is the *fixed* mode: the whole answer ``service_ms`` after
+admission, whatever else runs. It is not physical (a batch costs nothing, so
+latency jumps from flat to a whole service time at ``max_num_seqs``); routing
+benchmarks that need exact service times use it, and no control test does.
 
 ``distribution="lognormal"`` multiplies the time (a fixed service time per
 request, or each step) by a lognormal factor of mean 1 and log-sigma
@@ -38,14 +41,39 @@ from lanes.errors import InvalidInput
 Overflow = Literal["queue", "gateway"]
 Kind = Literal["chat", "embedding"]
 Distribution = Literal["fixed", "lognormal"]
-MetricsFlavor = Literal["current", "0.12-0.19", "0.9.2-0.10", "legacy"]
+MetricsFlavor = Literal["current", "0.20-0.28", "0.12-0.19", "0.9.2-0.11", "legacy"]
 
 OVERFLOWS = ("queue", "gateway")
 KINDS = ("chat", "embedding")
 DISTRIBUTIONS = ("fixed", "lognormal")
 # Which vLLM releases each flavour's /metrics imitates: docs/SIMULATOR.md.
-FLAVORS = ("current", "0.12-0.19", "0.9.2-0.10", "legacy")
-DEFAULT_KNEE_SLOWDOWN = 0.5
+FLAVORS = ("current", "0.20-0.28", "0.12-0.19", "0.9.2-0.11", "legacy")
+# vLLM's queue limits (--max-num-queued-reqs/-tokens) and their rejection counter exist
+# only in the current flavour: an older server has neither.
+QUEUE_LIMIT_FLAVORS = ("current",)
+BALANCER_STATUSES = (502, 503)
+
+
+@dataclass(frozen=True)
+class StepTimes:
+    """The step-time law's parameters for one model and GPU (milliseconds)."""
+
+    per_token_ms: float  # a: a step's fixed cost (the weights read once)
+    per_seq_ms: float  # b: per sequence in the step
+    context_ms_per_1k: float  # c: per 1000 tokens of context the step attends
+    prefill_ms_per_token: float  # per prompt token the step processes
+
+
+# Llama-3.1-8B-Instruct (BF16) on one H100-80GB under vLLM 0.21, from the published
+# concurrency sweep https://yobitelcomm.github.io/bench/recipes/concurrency-sweep/
+# (TPOT p50 6.48 ms at 1 concurrent request, 6.59 ms at 4; TTFT p50 13.98 ms at 1):
+# a + b = 6.48 and a + 4b = 6.59 give a = 6.44, b = 0.037. c is the KV cache read per
+# step: 128 KiB per token (32 layers x 8 KV heads x 128 dims x K,V x 2 bytes) at the
+# H100's 3.35 TB/s is 0.039 ms per 1000 tokens. The prefill cost is 16 GFLOP per token
+# (2 x 8B parameters) at ~460 TFLOP/s effective, 0.035 ms, which puts the sweep's TTFT
+# at its ~200-token chat prompts. The same sweep's 16- and 64-request points (TPOT
+# 10.9 and 46.9 ms) are steeper than this law gives; docs/SIMULATOR.md compares them.
+H100_LLAMA_8B = StepTimes(per_token_ms=6.44, per_seq_ms=0.037, context_ms_per_1k=0.039, prefill_ms_per_token=0.035)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,16 +81,26 @@ class SimModel:
     """One model served by the simulator.
 
     ``capacity`` is vLLM's ``max_num_seqs`` (0 holds every request in the
-    queue until raised). A request also waits while its prompt does not fit
-    in the free KV blocks (``kv_blocks`` of ``block_size`` tokens) or the
-    step's token budget is spent. When a running request needs a block for its
-    next token and none is free, the newest running request is preempted.
+    queue until raised): a limit, not the latency knob; the step law above
+    sets the latency. A request also waits while its prompt does not fit in
+    the free KV blocks (``kv_blocks`` of ``block_size`` tokens) or the step's
+    token budget (``max_num_batched_tokens``, which chunks long prompts) is
+    spent. When a running request needs a block for its next token and none
+    is free, the newest running request is preempted. ``max_model_len`` caps
+    prompt plus answer (default: the whole KV cache).
 
     Overload, as vLLM answers it (``overflow="queue"``): the queue is
-    unbounded unless ``max_num_queued_reqs`` (running plus waiting) or
-    ``max_num_queued_tokens`` (their prompt tokens) is set, past which a
-    request is answered 503. ``overflow="gateway"`` answers ``reject_status``
-    (529 by default, as NVIDIA Dynamo does) whenever no slot is free.
+    unbounded unless ``max_num_queued_reqs`` (sequences not finished: running
+    plus waiting) or ``max_num_queued_tokens`` (prompt tokens of requests
+    still in prefill) is set, as vLLM's ``AsyncLLM.check_admission`` counts
+    them, past which a request is answered 503. ``overflow="gateway"``
+    answers ``reject_status`` (529 by default, as NVIDIA Dynamo does) when
+    every engine is busy: with Dynamo's thresholds set, an engine is busy when
+    its KV blocks in use pass ``gateway_kv_threshold`` (a fraction, Dynamo's
+    ``--active-decode-blocks-threshold``) or its prompt tokens still to
+    prefill pass ``gateway_prefill_tokens_threshold``
+    (``--active-prefill-tokens-threshold``); with neither set, when it holds
+    ``capacity`` unfinished requests (a simple gateway, not Dynamo's rule).
 
     ``defer_ms`` keeps each request unschedulable that long (as vLLM does
     while a grammar compiles); it counts as waiting with reason ``deferred``
@@ -71,17 +109,22 @@ class SimModel:
 
     Failure injection at start (the admin endpoint changes them at runtime):
     ``fail_rate`` of requests answer ``fail_status``; ``down`` is a dead
-    engine (500 per request, 503 on /health); ``hang_s`` is how long a request
-    told to hang stalls.
+    engine (500 per request, 503 on /health, and the server exits
+    ``exit_after_death_s`` later, or at once after answering a request, unless
+    ``keep_alive_on_engine_death``, vLLM's ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``);
+    ``down_replicas`` kills single replicas behind the load balancer;
+    ``hang_s`` is how long a request told to hang stalls.
 
     ``replicas`` engines serve the model behind one address: as separate
     servers behind a load balancer (each /metrics scrape answered by one of
-    them), or with ``data_parallel`` as one server whose /metrics has a series
-    per ``engine`` rank. Gauges in /metrics are published per engine step and
-    become visible ``metrics_lag_s`` later; /admin/stats is exact.
-    ``port`` serves the model on its own port instead of the main one.
-    ``device`` names the GPUs the model runs on: models sharing a device are
-    counted together too (``device_max_in_flight``).
+    them; a replica whose server is gone is answered ``balancer_status``, 502
+    as nginx does or 503 as Envoy and HAProxy do), or with ``data_parallel``
+    as one server whose /metrics has a series per ``engine`` rank. Gauges in
+    /metrics are published per engine step and become visible
+    ``metrics_lag_s`` later; /admin/stats is exact. ``port`` serves the model
+    on its own port instead of the main one. ``device`` names the GPUs the
+    model runs on: models sharing a device are counted together too
+    (``device_max_in_flight``).
     """
 
     name: str
@@ -89,22 +132,24 @@ class SimModel:
     kind: Kind = "chat"
     overflow: Overflow = "queue"
     reject_status: int = 529
+    gateway_kv_threshold: float | None = None
+    gateway_prefill_tokens_threshold: int | None = None
     max_num_queued_reqs: int | None = None
     max_num_queued_tokens: int | None = None
     kv_blocks: int = 4096
     block_size: int = 16
     max_num_batched_tokens: int = 8192
+    max_model_len: int | None = None
     service_ms: float | None = None
-    ttft_ms: float = 50.0
-    per_token_ms: float = 10.0
-    prefill_ms_per_token: float = 0.02
-    context_ms_per_1k: float = 0.05
+    per_token_ms: float = H100_LLAMA_8B.per_token_ms
+    per_seq_ms: float = H100_LLAMA_8B.per_seq_ms
+    context_ms_per_1k: float = H100_LLAMA_8B.context_ms_per_1k
+    prefill_ms_per_token: float = H100_LLAMA_8B.prefill_ms_per_token
+    ttft_ms: float = 0.0
     tokens: int = 16
     distribution: Distribution = "fixed"
     sigma: float = 0.5
     seed: int = 0
-    knee: float = 0.8
-    knee_slowdown: float | None = None
     defer_ms: float = 0.0
     tokenize_ms: float = 0.0
     embedding_ms: float = 5.0
@@ -112,6 +157,10 @@ class SimModel:
     fail_rate: float = 0.0
     fail_status: int = 500
     down: bool = False
+    down_replicas: tuple[int, ...] = ()
+    keep_alive_on_engine_death: bool = False
+    exit_after_death_s: float = 5.0
+    balancer_status: int = 502
     hang_s: float = 3600.0
     metrics_flavor: MetricsFlavor = "current"
     metrics_lag_s: float = 3.0
@@ -121,15 +170,23 @@ class SimModel:
     device: str | None = None  # models on one device (a pool's GPUs) share its peak count
 
     def __post_init__(self) -> None:
+        if isinstance(self.down_replicas, list):  # as JSON gives it
+            object.__setattr__(self, "down_replicas", tuple(self.down_replicas))
         problems = list(_problems(self))
         if problems:
             raise InvalidInput(f"model {self.name!r}: " + "; ".join(problems))
 
     @property
-    def slowdown(self) -> float:
-        if self.knee_slowdown is not None:
-            return self.knee_slowdown
-        return 0.0 if self.service_ms is not None else DEFAULT_KNEE_SLOWDOWN
+    def context_limit(self) -> int:
+        """The longest prompt plus answer: ``max_model_len``, or the whole KV cache."""
+        return self.max_model_len if self.max_model_len is not None else self.kv_blocks * self.block_size
+
+    @property
+    def gateway_thresholds(self) -> bool:
+        return self.gateway_kv_threshold is not None or self.gateway_prefill_tokens_threshold is not None
+
+    def engine_down(self, index: int) -> bool:
+        return self.down or index in self.down_replicas
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
@@ -139,8 +196,8 @@ FIELD_NAMES = frozenset(f.name for f in fields(SimModel))
 # Fields that cannot change at runtime: the name is the key, the port is bound,
 # the engines behind the address are made once.
 FIXED_FIELDS = frozenset({"name", "port", "device", "replicas", "data_parallel"})
-NON_NEGATIVE = ("ttft_ms", "per_token_ms", "prefill_ms_per_token", "context_ms_per_1k", "sigma",
-                "defer_ms", "tokenize_ms", "embedding_ms", "hang_s", "metrics_lag_s")
+NON_NEGATIVE = ("ttft_ms", "per_token_ms", "per_seq_ms", "prefill_ms_per_token", "context_ms_per_1k", "sigma",
+                "defer_ms", "tokenize_ms", "embedding_ms", "hang_s", "metrics_lag_s", "exit_after_death_s")
 
 
 def _problems(m: SimModel):
@@ -158,8 +215,8 @@ def _problems(m: SimModel):
             yield f"{label} {value!r} must be an HTTP error status 400-599"
     for label in ("max_num_queued_reqs", "max_num_queued_tokens"):
         value = getattr(m, label)
-        if value is not None and (not _is_int(value) or value < 1):
-            yield f"{label} {value!r} must be an integer >= 1 or null (unbounded)"
+        if value is not None and (not _is_int(value) or value < 0):
+            yield f"{label} {value!r} must be an integer >= 0 or null (unbounded)"
     for label in ("kv_blocks", "block_size", "max_num_batched_tokens", "replicas"):
         if not _is_int(getattr(m, label)) or getattr(m, label) < 1:
             yield f"{label} {getattr(m, label)!r} must be an integer >= 1"
@@ -174,15 +231,28 @@ def _problems(m: SimModel):
         yield f"distribution {m.distribution!r} must be one of {', '.join(DISTRIBUTIONS)}"
     if not _is_int(m.seed):
         yield f"seed {m.seed!r} must be an integer"
-    if not isinstance(m.knee, (int, float)) or not 0 <= m.knee < 1:
-        yield f"knee {m.knee!r} must be a fraction of capacity in [0, 1)"
-    if m.knee_slowdown is not None and not _non_negative(m.knee_slowdown):
-        yield f"knee_slowdown {m.knee_slowdown!r} must be a number >= 0 or null"
     if not _is_int(m.embedding_dim) or not 1 <= m.embedding_dim <= 4096:
         yield f"embedding_dim {m.embedding_dim!r} must be an integer in 1..4096"
     if not isinstance(m.fail_rate, (int, float)) or not 0 <= m.fail_rate <= 1:
         yield f"fail_rate {m.fail_rate!r} must be a probability in [0, 1]"
-    for label in ("down", "data_parallel"):
+    if m.gateway_kv_threshold is not None and (isinstance(m.gateway_kv_threshold, bool) or not isinstance(
+            m.gateway_kv_threshold, (int, float)) or not 0 <= m.gateway_kv_threshold <= 1):
+        yield f"gateway_kv_threshold {m.gateway_kv_threshold!r} must be a fraction in [0, 1] or null"
+    if m.gateway_prefill_tokens_threshold is not None and (not _is_int(m.gateway_prefill_tokens_threshold)
+                                                           or m.gateway_prefill_tokens_threshold < 0):
+        yield f"gateway_prefill_tokens_threshold {m.gateway_prefill_tokens_threshold!r} must be an integer >= 0 or null"
+    if m.max_model_len is not None and (not _is_int(m.max_model_len) or m.max_model_len < 1):
+        yield f"max_model_len {m.max_model_len!r} must be an integer >= 1 or null (the whole KV cache)"
+    if not isinstance(m.down_replicas, tuple) or not all(_is_int(i) and 0 <= i < m.replicas for i in m.down_replicas):
+        yield (f"down_replicas {m.down_replicas!r} must be a list of replica indices in 0..{m.replicas - 1} "
+               f"(the model has {m.replicas} replica(s))")
+    if m.balancer_status not in BALANCER_STATUSES:
+        yield f"balancer_status {m.balancer_status!r} must be 502 (nginx) or 503 (Envoy, HAProxy)"
+    if m.metrics_flavor not in QUEUE_LIMIT_FLAVORS and (m.max_num_queued_reqs is not None
+                                                        or m.max_num_queued_tokens is not None):
+        yield (f"max_num_queued_reqs/max_num_queued_tokens need metrics_flavor 'current' (vLLM 0.29 and later); "
+               f"a {m.metrics_flavor!r} server has no queue limits: unset them or change the flavour")
+    for label in ("down", "data_parallel", "keep_alive_on_engine_death"):
         if not isinstance(getattr(m, label), bool):
             yield f"{label} {getattr(m, label)!r} must be true or false"
     if m.metrics_flavor not in FLAVORS:
@@ -204,16 +274,6 @@ def new_rng(model: SimModel, index: int = 0) -> random.Random:
     return random.Random(f"{model.seed}:{model.name}:{index}")
 
 
-def knee_factor(model: SimModel, load: float) -> float:
-    """How much slower the engine is at ``load`` (0..1: the larger of
-    running / capacity and KV usage): 1 up to the knee, then linearly up to
-    ``1 + slowdown`` at full load."""
-    slowdown = model.slowdown
-    if slowdown == 0:
-        return 1.0
-    return 1.0 + slowdown * max(0.0, min(load, 1.0) - model.knee) / (1.0 - model.knee)
-
-
 def jitter(model: SimModel, rng: random.Random) -> float:
     if model.distribution == "lognormal" and model.sigma > 0:
         # mu = -sigma^2/2 gives the factor a mean of exactly 1.
@@ -227,16 +287,14 @@ def service_seconds(model: SimModel, rng: random.Random) -> float:
     return (base or 0.0) / 1000 * jitter(model, rng)
 
 
-def step_seconds(
-    model: SimModel, rng: random.Random, *, load: float, prefill_tokens: int, context_tokens: int
-) -> float:
-    """How long one engine step takes.
+def step_seconds(model: SimModel, rng: random.Random, *, sequences: int, prefill_tokens: int,
+                 context_tokens: int) -> float:
+    """How long one engine step takes: the step law in the module docstring.
 
-    A step with prefill work costs ``ttft_ms`` as its base (a prefill pass),
-    one with only decodes ``per_token_ms``; the base grows past the knee; the
-    prompt tokens processed and the context attended add their own share.
+    ``sequences``: running sequences in the step (decodes and prefill chunks);
+    ``prefill_tokens``: prompt tokens it processes; ``context_tokens``: tokens
+    of KV cache its sequences attend.
     """
-    base = model.ttft_ms if prefill_tokens else model.per_token_ms
-    seconds = base * knee_factor(model, load) * jitter(model, rng)
-    seconds += prefill_tokens * model.prefill_ms_per_token + context_tokens / 1000 * model.context_ms_per_1k
-    return seconds / 1000
+    ms = (model.per_token_ms + model.per_seq_ms * sequences + model.context_ms_per_1k * context_tokens / 1000
+          + model.prefill_ms_per_token * prefill_tokens + (model.ttft_ms if prefill_tokens else 0.0))
+    return ms * jitter(model, rng) / 1000

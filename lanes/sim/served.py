@@ -5,8 +5,10 @@ is what runs them on the simulator's event loop and answers for them:
 
 - which engine a request goes to (round robin over replicas behind a load
   balancer, the least loaded rank in data-parallel mode), and whether it is
-  refused first: an injected failure, a dead engine (500), vLLM's queue limits
-  (503 and a rejection counted by reason), or a gateway's 529;
+  refused first: an injected failure, a dead engine (500), a replica whose
+  server has exited (the balancer's 502 or 503), vLLM's queue limits (503 and
+  a rejection counted by reason), or a gateway's 529;
+- a dead engine's server exiting (``death``);
 - a timer per engine that calls ``advance`` when ``next_wakeup`` says, and
   wakes the requests that changed;
 - accounting, the point of the simulator: tests take ``max_running`` and
@@ -27,24 +29,31 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from lanes.errors import InvalidInput
+from lanes.sim.death import BALANCER_ANSWERS, DEAD_MESSAGE, ServerDeath
 from lanes.sim.engine import EngineCore, SimRequest
 from lanes.sim.model import FIELD_NAMES, FIXED_FIELDS, SimModel, new_rng, service_seconds
 
 # Runtime-only knobs of configure(): counters of requests still to be hit.
 INJECTIONS = frozenset({"fail_next", "hang_next", "error_next"})
 CONFIGURABLE = (FIELD_NAMES - FIXED_FIELDS) | INJECTIONS
-# vLLM's words for a dead engine (EngineDeadError) and a full queue.
-DEAD_MESSAGE = "EngineCore encountered an issue. See stack trace (above) for the root cause."
-BUSY_MESSAGE = "The engine is currently busy and cannot accept new requests: {detail}. Please retry later."
+# vLLM's words for its admission refusals (vllm/exceptions.py: QueueOverflowError,
+# MaxQueuedTokensError; HTTP 503 with the status phrase as the error type).
+QUEUE_OVERFLOW_MESSAGE = ("The engine is currently busy and cannot accept new requests. "
+                          "Please try again later or on a different instance.")
+QUEUED_TOKENS_MESSAGE = ("The engine has reached its prefill token backlog limit. "
+                         "Please try again later or on a different instance.")
 
 
 class Rejected(Exception):
     """The request is answered at once with ``status``."""
 
-    def __init__(self, status: int, message: str, kind: str) -> None:
+    def __init__(self, status: int, message: str, kind: str, *, raw: tuple[bytes, bytes] | None = None,
+                 dead_engine: int | None = None) -> None:
         super().__init__(message)
         self.status = status
         self.kind = kind  # the OpenAI error type
+        self.raw = raw  # (body, content type) of an answer that is not vLLM's JSON (a balancer's)
+        self.dead_engine = dead_engine  # the dead engine that answered: its server exits after it
 
 
 def loop_time() -> float:
@@ -62,8 +71,12 @@ class Ticket:
     arrived: float
     done: bool = False
     outcome: str | None = None  # served, rejected, failed or cancelled, once done
-    request: SimRequest | None = None
+    requests: list[SimRequest] | None = None  # n sequences of one request
     core: EngineCore | None = None
+
+    @property
+    def request(self) -> SimRequest | None:
+        return self.requests[0] if self.requests else None
 
 
 class Device:
@@ -94,6 +107,7 @@ class ServedModel:
         self._seed(model)
         self._timers: dict[int, asyncio.TimerHandle | asyncio.Handle] = {}
         self._next_replica = 0
+        self.death = ServerDeath(self)
         self.in_flight = 0
         self.fail_next = self.hang_next = self.error_next = 0
         self.reset_counters()
@@ -133,13 +147,14 @@ class ServedModel:
             core.rng = new_rng(model, i)
 
     def _apply(self, model: SimModel) -> None:
-        dying = model.down and not self.model.down
+        before = self.model
         self.model = model
-        for core in self.cores:
+        for index, core in enumerate(self.cores):
             core.model = model
-            if dying:  # what a dead engine held fails with it
-                self._wake(core.fail_all(DEAD_MESSAGE))
+            if model.engine_down(index) and not before.engine_down(index):
+                self._wake(core.fail_all(DEAD_MESSAGE))  # what a dead engine held fails with it
             self.poke(core)  # a raised capacity admits waiters now
+        self.death.schedule_exits(revive=True)
 
     def reset_counters(self) -> None:
         self.served = self.rejected = self.failed = self.cancelled = 0
@@ -164,8 +179,6 @@ class ServedModel:
     def injected_failure(self) -> Rejected | None:
         """The failure this request must answer with at once, if any."""
         m = self.model
-        if m.down:
-            return Rejected(500, DEAD_MESSAGE, "InternalServerError")
         if self.fail_next > 0:
             self.fail_next -= 1
             return Rejected(m.fail_status, f"injected failure ({m.fail_status})", "InternalServerError")
@@ -173,73 +186,101 @@ class ServedModel:
             return Rejected(m.fail_status, f"injected failure ({m.fail_status})", "InternalServerError")
         return None
 
-    def submit(self, ticket: Ticket, *, prompt_tokens: int, max_tokens: int | None) -> SimRequest:
-        """Hand the request to an engine, or raise :class:`Rejected`. Never waits."""
+    def submit(self, ticket: Ticket, *, prompt_tokens: int, max_tokens: int | None, n: int = 1) -> list[SimRequest]:
+        """Hand the request's ``n`` sequences to an engine, or raise :class:`Rejected`. Never waits."""
         m = self.model
         fixed = m.service_ms is not None or m.kind == "embedding"
         answer = 0 if m.kind == "embedding" else min(m.tokens, max_tokens or m.tokens)
-        context = m.kv_blocks * m.block_size
+        context = m.context_limit
         if prompt_tokens + answer > context:
             raise Rejected(400, f"This model's maximum context length is {context} tokens. However, you requested "
                                 f"{prompt_tokens + answer} tokens ({prompt_tokens} in the messages, {answer} in "
                                 "the completion). Please reduce the length of the messages or completion.",
                            "BadRequestError")
-        core = self._choose_core()
-        self._check_limits(core, prompt_tokens)
+        index = self._choose_core()
+        core = self.cores[index]
+        if m.engine_down(index) or index in self.death.exited:
+            if index in self.death.exited:  # only a balancer is left to answer for it
+                body, content_type = BALANCER_ANSWERS[m.balancer_status]
+                raise Rejected(m.balancer_status, body.decode(), "BalancerError", raw=(body, content_type))
+            raise Rejected(500, DEAD_MESSAGE, "InternalServerError", dead_engine=index)
+        self._check_limits(core, n)
         now = loop_time()
-        request = SimRequest(
-            prompt_tokens=prompt_tokens,
-            max_tokens=answer,
-            arrived=ticket.arrived,
-            finish_reason="length" if m.kind == "chat" and answer < m.tokens else "stop",
-            service_s=service_seconds(m, core.rng) if fixed else None,
-            defer_until=now + m.defer_ms / 1000,
-            listener=asyncio.Event(),
-        )
-        if self.hang_next > 0:
-            self.hang_next -= 1
-            request.hang_s = m.hang_s
-        if self.error_next > 0:
-            self.error_next -= 1
-            request.fail_after = 1
-        core.add(request)
-        ticket.request, ticket.core = request, core
+        listener = asyncio.Event()  # one per request: its handler wakes on any sequence's change
+        requests = []
+        for _ in range(n):
+            request = SimRequest(
+                prompt_tokens=prompt_tokens,
+                max_tokens=answer,
+                arrived=ticket.arrived,
+                queued_at=now,
+                finish_reason="length" if m.kind == "chat" and answer < m.tokens else "stop",
+                service_s=service_seconds(m, core.rng) if fixed else None,
+                defer_until=now + m.defer_ms / 1000,
+                listener=listener,
+            )
+            if self.hang_next > 0:
+                self.hang_next -= 1
+                request.hang_s = m.hang_s
+            if self.error_next > 0:
+                self.error_next -= 1
+                request.fail_after = 1
+            requests.append(request)
+        for request in requests:
+            core.add(request)
+        ticket.requests, ticket.core = requests, core
         self.poke(core)
-        return request
+        return requests
 
-    def _choose_core(self) -> EngineCore:
-        if self.model.overflow == "gateway":
-            # A request just handed over waits for the engine's next pass: count it.
-            free = [c for c in self.cores if len(c.running) + len(c.waiting) < self.model.capacity]
+    def _choose_core(self) -> int:
+        m = self.model
+        cores = range(len(self.cores))
+        if m.overflow == "gateway":
+            free = [i for i in cores if not self._gateway_busy(self.cores[i])]
             if not free:
-                raise Rejected(self.model.reject_status,
-                               f"model {self.model.name!r} is at capacity ({self.model.capacity}): every worker is busy",
+                raise Rejected(m.reject_status,
+                               f"model {m.name!r} is at capacity ({m.capacity}): every worker is busy",
                                "OverloadedError")
             return free[0]
-        if self.model.data_parallel:  # vLLM's DP coordinator balances by queue length
-            return min(self.cores, key=lambda c: len(c.running) + len(c.waiting))
-        core = self.cores[self._next_replica % len(self.cores)]
+        if m.data_parallel:  # vLLM's DP coordinator balances by queue length
+            return min(cores, key=lambda i: self.cores[i].unfinished())
+        index = self._next_replica % len(self.cores)
         self._next_replica += 1
-        return core
+        return index
 
-    def _check_limits(self, core: EngineCore, prompt_tokens: int) -> None:
+    def _gateway_busy(self, core: EngineCore) -> bool:
         m = self.model
-        # In data-parallel mode the limits count across ranks; replicas are separate servers.
+        if m.gateway_thresholds:  # NVIDIA Dynamo's busy rule: either threshold passed
+            kv = m.gateway_kv_threshold is not None and core.used_blocks / m.kv_blocks > m.gateway_kv_threshold
+            prefill = (m.gateway_prefill_tokens_threshold is not None
+                       and core.prefill_tokens_left() > m.gateway_prefill_tokens_threshold)
+            return kv or prefill
+        # A request just handed over waits for the engine's next pass: count it.
+        return core.unfinished() >= m.capacity
+
+    def _check_limits(self, core: EngineCore, n: int) -> None:
+        """vLLM's ``AsyncLLM.check_admission(n)``: refuse when the unfinished
+        sequences plus this request's ``n`` would pass ``max_num_queued_reqs``,
+        or when the prompt tokens still in prefill are already at
+        ``max_num_queued_tokens`` (the new prompt is not added: an idle engine
+        admits any prompt). The request limit is checked first."""
+        m = self.model
+        # In data-parallel mode the API server counts across ranks; replicas are separate servers.
         scope = self.cores if m.data_parallel else [core]
-        queued = sum(len(c.running) + len(c.waiting) for c in scope)
-        tokens = sum(c.queued_tokens() for c in scope)
-        reason = detail = None
-        if m.max_num_queued_reqs is not None and queued >= m.max_num_queued_reqs:
-            reason, detail = "max_num_queued_reqs", f"{queued} requests running or waiting (max_num_queued_reqs={m.max_num_queued_reqs})"
-        elif m.max_num_queued_tokens is not None and tokens + prompt_tokens > m.max_num_queued_tokens:
-            reason, detail = "max_num_queued_tokens", f"{tokens} prompt tokens running or waiting (max_num_queued_tokens={m.max_num_queued_tokens})"
+        reason = message = None
+        if m.max_num_queued_reqs is not None and sum(c.unfinished() for c in scope) + n > m.max_num_queued_reqs:
+            reason, message = "max_num_queued_reqs", QUEUE_OVERFLOW_MESSAGE
+        elif m.max_num_queued_tokens is not None and sum(c.queued_tokens() for c in scope) >= m.max_num_queued_tokens:
+            reason, message = "max_num_queued_tokens", QUEUED_TOKENS_MESSAGE
         if reason is not None:
             self.rejections[reason] = self.rejections.get(reason, 0) + 1
-            raise Rejected(503, BUSY_MESSAGE.format(detail=detail), "Service Unavailable")
+            raise Rejected(503, message, "Service Unavailable")
 
     def abort(self, ticket: Ticket) -> None:
-        if ticket.request is not None and not ticket.request.done:
-            ticket.core.abort(ticket.request)
+        pending = [r for r in ticket.requests or () if not r.done]
+        for request in pending:
+            ticket.core.abort(request)
+        if pending:
             self.poke(ticket.core)
 
     def finish(self, ticket: Ticket, outcome: str) -> None:
@@ -312,6 +353,7 @@ class ServedModel:
             "waiting": total("waiting"),
             "waiting_capacity": total("waiting_capacity"),
             "waiting_deferred": total("waiting_deferred"),
+            "queued_prompt_tokens": sum(core.queued_tokens() for core in self.cores),
             "kv_blocks_used": total("kv_blocks_used"),
             "kv_cache_usage": max(e["kv_cache_usage"] for e in engines),
             "in_flight": self.in_flight,
@@ -322,8 +364,13 @@ class ServedModel:
             "failed": self.failed,
             "cancelled": self.cancelled,
             "preemptions": total("preemptions"),
+            "aborted": total("aborted"),
             "admission_rejections": dict(self.rejections),
             "down": m.down,
+            "down_replicas": list(m.down_replicas),
+            "exited_replicas": sorted(self.death.exited),
+            "keep_alive_on_engine_death": m.keep_alive_on_engine_death,
+            "max_model_len": m.context_limit,
             "fail_next": self.fail_next,
             "fail_rate": m.fail_rate,
             "hang_next": self.hang_next,

@@ -12,7 +12,7 @@ import asyncio
 import concurrent.futures
 import socket
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, TypeVar
 
 import uvicorn
@@ -33,6 +33,13 @@ class _Unset:
 UNSET: Any = _Unset()
 
 
+@dataclass
+class _Listener:
+    app: SimApp
+    server: uvicorn.Server
+    task: asyncio.Task
+
+
 class Simulator:
     """A simulated vLLM fleet on ``host``: the main ``port`` (0 picks a free one)
     serves every model without a port of its own, and each model with
@@ -41,6 +48,11 @@ class Simulator:
     ``graceful_s`` bounds :meth:`stop`: requests still running then (a hung
     one, a long stream) are cancelled; one not yet answered gets a 503, a
     stream is ended.
+
+    A port is one vLLM server: when a model on it dies (``down``) and is not
+    kept alive, its port stops accepting connections, as vLLM's API server
+    exits after its engine died; reviving the model (``down=False``, from
+    Python or another port's admin route) listens on the same port again.
     """
 
     def __init__(
@@ -60,6 +72,10 @@ class Simulator:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stop: asyncio.Event | None = None
+        self._listeners: dict[int | None, _Listener] = {}  # port key -> its server while it listens
+        for served in self.fleet.engines.values():
+            served.death.on_server_exit = self._server_exit
+            served.death.on_server_back = self._server_back
 
     # --- lifecycle -----------------------------------------------------------------
 
@@ -130,33 +146,62 @@ class Simulator:
     async def _serve(self, sockets: dict[int | None, socket.socket], ready: threading.Event) -> None:
         self._loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
-        servers, apps = [], [SimApp(self.fleet, key) for key in sockets]
-        for app in apps:
-            config = uvicorn.Config(
-                app,
-                log_config=None,  # never reconfigure the host process's logging
-                log_level="warning",
-                access_log=False,
-                lifespan="off",
-                http="h11",
-                backlog=2048,
-                timeout_graceful_shutdown=self.graceful_s,
-            )
-            servers.append(uvicorn.Server(config))
-        tasks = [asyncio.create_task(s.serve(sockets=[sock])) for s, sock in zip(servers, sockets.values())]
-        while not all(s.started for s in servers):
-            if any(t.done() for t in tasks):
-                for t in tasks:
-                    t.cancel()
+        for key, sock in sockets.items():
+            self._listen(key, sock)
+        while not all(l.server.started for l in self._listeners.values()):
+            if any(l.task.done() for l in self._listeners.values()):
+                for listener in self._listeners.values():
+                    listener.task.cancel()
                 raise LanesError("a listener ended during startup")
             await asyncio.sleep(0.005)
+        for served in self.fleet.engines.values():
+            served.death.schedule_exits()  # a model started dead goes away as vLLM's server would
         ready.set()
         await self._stop.wait()
+        listeners = list(self._listeners.values())
         # Ours to end, not uvicorn's: it would log each cancelled request.
-        await asyncio.gather(*(app.drain(self.graceful_s) for app in apps))
-        for server in servers:
-            server.should_exit = True
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*(l.app.drain(self.graceful_s) for l in listeners))
+        for listener in listeners:
+            listener.server.should_exit = True
+        await asyncio.gather(*(l.task for l in listeners), return_exceptions=True)
+
+    def _listen(self, key: int | None, sock: socket.socket) -> None:
+        app = SimApp(self.fleet, key)
+        config = uvicorn.Config(
+            app,
+            log_config=None,  # never reconfigure the host process's logging
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+            http="h11",
+            backlog=2048,
+            timeout_graceful_shutdown=self.graceful_s,
+        )
+        server = uvicorn.Server(config)
+        task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+        self._listeners[key] = _Listener(app, server, task)
+
+    def _server_exit(self, served) -> None:
+        """The server holding ``served`` exits: its port closes (on the loop)."""
+        key = served.model.port
+        listener = self._listeners.pop(key, None)
+        if listener is None:
+            return
+        listener.app.stopping = True  # requests cut by the shutdown end cleanly
+        listener.server.should_exit = True
+
+    def _server_back(self, served) -> None:
+        """``served`` is alive again: listen on its port again if it had closed."""
+        key = served.model.port
+        if key in self._listeners or self._stop is None or self._stop.is_set():
+            return
+        if any(other.model.port == key and other.death.exited and not other.death.balanced
+               for other in self.fleet.engines.values() if other is not served):
+            return  # another model of this server is still gone
+        sock = self._bind(self._ports[key])
+        sock.listen(2048)  # connections queue from now, before uvicorn serves them
+        self._listen(key, sock)
+        served.death.exited.clear()
 
     # --- addresses ------------------------------------------------------------------
 
@@ -212,22 +257,24 @@ class Simulator:
         kind: str = UNSET,
         overflow: str = UNSET,
         reject_status: int = UNSET,
+        gateway_kv_threshold: float | None = UNSET,
+        gateway_prefill_tokens_threshold: int | None = UNSET,
         max_num_queued_reqs: int | None = UNSET,
         max_num_queued_tokens: int | None = UNSET,
         kv_blocks: int = UNSET,
         block_size: int = UNSET,
         max_num_batched_tokens: int = UNSET,
+        max_model_len: int | None = UNSET,
         service_ms: float | None = UNSET,
         ttft_ms: float = UNSET,
         per_token_ms: float = UNSET,
+        per_seq_ms: float = UNSET,
         prefill_ms_per_token: float = UNSET,
         context_ms_per_1k: float = UNSET,
         tokens: int = UNSET,
         distribution: str = UNSET,
         sigma: float = UNSET,
         seed: int = UNSET,
-        knee: float = UNSET,
-        knee_slowdown: float | None = UNSET,
         defer_ms: float = UNSET,
         tokenize_ms: float = UNSET,
         embedding_ms: float = UNSET,
@@ -235,6 +282,10 @@ class Simulator:
         fail_rate: float = UNSET,
         fail_status: int = UNSET,
         down: bool = UNSET,
+        down_replicas: list[int] | tuple[int, ...] = UNSET,
+        keep_alive_on_engine_death: bool = UNSET,
+        exit_after_death_s: float = UNSET,
+        balancer_status: int = UNSET,
         hang_s: float = UNSET,
         metrics_flavor: str = UNSET,
         metrics_lag_s: float = UNSET,
@@ -249,7 +300,10 @@ class Simulator:
         while holding their slot; ``error_next=N`` makes the next N fail after
         their first token (a stream gets HTTP 200, then an error frame, then
         ``[DONE]``); ``down=True`` kills the engine (500 per request, 503 on
-        /health, requests it held fail). Returns the model's stats.
+        /health, requests it held fail; its port closes ``exit_after_death_s``
+        later, or once it answered a request, unless
+        ``keep_alive_on_engine_death``); ``down_replicas=[i]`` kills replica
+        ``i`` behind the balancer. Returns the model's stats.
         """
         changes = {k: v for k, v in locals().items() if k not in ("self", "name") and v is not UNSET}
         return self._on_loop(lambda: self.fleet.configure(name, changes))

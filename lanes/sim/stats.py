@@ -20,6 +20,9 @@ REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 2
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                        2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# vLLM exports a series per FinishReason, abort included, but counts only requests
+# that finished in the engine: a request aborted by its client never reaches
+# request_success_total (it is counted in ``aborted`` here, for /admin/stats).
 FINISH_REASONS = ("stop", "length", "abort")
 
 
@@ -68,6 +71,7 @@ class EngineCounters:
         self.prompt_tokens = 0
         self.generation_tokens = 0
         self.steps = 0
+        self.aborted = 0
         self.success = dict.fromkeys(FINISH_REASONS, 0)
         for histogram in (self.ttft, self.inter_token, self.e2e, self.queue_time):
             histogram.reset()

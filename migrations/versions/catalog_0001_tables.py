@@ -6,8 +6,14 @@ version and the data revisions' backups.
 Revision ID: catalog_0001
 Revises:
 Branch label: schema (``lanes db upgrade`` and ``open_catalog`` go to schema@head)
+
+The downgrade drops every table and its rows, by design (it is the first
+revision: below it there is no catalog). It first says how many rows of each
+kind go, through the ``lanes.migrations`` logger (``lanes db downgrade base
+--dry-run`` shows it and changes nothing).
 """
 
+import logging
 from datetime import datetime, timezone
 from typing import Sequence, Union
 
@@ -108,6 +114,16 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
+    conn = op.get_bind()
+    counts = {
+        name: conn.execute(sa.select(sa.func.count()).select_from(sa.table(name))).scalar_one()
+        for name in ("pools", "models", "workflows", "workflow_candidates", "services", "events")
+    }
+    if any(counts.values()):
+        listed = ", ".join(f"{count} {name}" for name, count in counts.items())
+        logging.getLogger("lanes.migrations").warning(
+            f"{revision} downgrade: drops every catalog table with its rows ({listed})"
+        )
     for table in (
         "revision_backups",
         "catalog_version",

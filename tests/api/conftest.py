@@ -21,7 +21,7 @@ from lanes.embedded import free_port
 from lanes.routing.runtime import provision_lanes
 from tests.polling import eventually
 
-TOKEN = "s3cret-token"
+TOKEN = "tok-4f9a2c71e8b3d605"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 

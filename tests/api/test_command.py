@@ -91,3 +91,24 @@ def test_lanes_revoke_of_a_bad_id_is_one_line_and_exit_2(env):
     done = lanes(env, "revoke", " x")
     assert done.returncode == 2
     assert done.stderr.strip() == "error: task id ' x' is not a task id; pass the id `lanes submit` printed"
+
+
+@pytest.mark.slow
+def test_lanes_api_refuses_a_short_or_placeholder_token_at_start(env):
+    for token, words in (("x", "1 characters long"), ("change-me-to-a-long-random-token", "'change-me'")):
+        done = lanes(env | {"LANES_API_TOKEN": token}, "api", "--port", str(free_port()))
+        assert done.returncode == 2, done.stderr
+        assert "LANES_API_TOKEN" in done.stderr and words in done.stderr and "secrets.token_urlsafe" in done.stderr
+        if len(token) > 1:
+            assert token not in done.stderr
+    weak_submit = lanes(env | {"LANES_API_TOKEN": TOKEN, "LANES_API_SUBMIT_TOKEN": "short"}, "api", "--port", "0")
+    assert weak_submit.returncode == 2 and "LANES_API_SUBMIT_TOKEN" in weak_submit.stderr
+
+
+def test_a_payload_file_over_the_cap_is_refused_while_it_is_read(env, tmp_path):
+    big = tmp_path / "big.json"
+    with open(big, "wb") as handle:
+        handle.write(b'{"messages": "' + b"x" * 5_000_000 + b'"}')
+    done = lanes(env | {"LANES_MAX_PAYLOAD_BYTES": "1024"}, "submit", "chat", "--payload", f"@{big}")
+    assert done.returncode == 2, done.stderr
+    assert "holds more than 69632 bytes" in done.stderr and "LANES_MAX_PAYLOAD_BYTES" in done.stderr

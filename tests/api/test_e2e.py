@@ -23,7 +23,8 @@ from tests.api.conftest import AUTH, CHAT, TOKEN, Served
 from tests.e2e.harness import deploy
 from tests.polling import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+# The fast tier's end-to-end path of the HTTP API: one deployment for the module.
+pytestmark = pytest.mark.timeout(180)
 
 DB = 8  # this module's database on the session's embedded Redis
 
@@ -142,11 +143,12 @@ def test_a_width_patch_over_http_reaches_the_live_lane_at_once(stack):
     assert lane.stats().width == 2
 
 
-def test_the_readmes_curl_example_submits_and_watches_a_task(stack):
-    """The README's block as written, but for this stack's server, token and workflow."""
+def test_the_api_docs_curl_example_submits_and_watches_a_task(stack):
+    """docs/API.md's block as written, but for this stack's server, token and workflow."""
     _, http = stack
-    readme = (Path(__file__).parents[2] / "README.md").read_text()
-    block = readme.split("## The HTTP API", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    doc = (Path(__file__).parents[2] / "docs" / "API.md").read_text()
+    assert doc.startswith("# The HTTP API\n"), "docs/API.md is the HTTP API's page"
+    block = doc.split("```sh\n", 1)[1].split("```", 1)[0]
     lines = [line for line in block.splitlines() if not line.startswith(("export LANES_API_TOKEN", "lanes api"))]
     script = "\n".join(lines).replace("http://127.0.0.1:8000", str(http.base_url).rstrip("/"))
     done = subprocess.run(["bash", "-e", "-c", script.replace('"workflow": "dialog"', '"workflow": "chat"')],

@@ -68,7 +68,7 @@ def test_bad_values_are_refused_by_name_and_nothing_is_written(api):
         ({"width": None}, 400, "pool field 'width' has no default to restore"),
         ({"name": "gpu-z"}, 400, "pool field 'name' cannot be changed here"),
         ({"colour": "red"}, 400, "pool field 'colour' cannot be changed here (fields: ceiling, controller, enabled, "
-                                 "floor, metrics_url, width)"),
+                                 "endpoints, floor, metrics_url, width)"),
     ]
     for body, status, words in cases:
         answer = api.patch("/v1/pools/gpu-a", json=body, headers=AUTH)

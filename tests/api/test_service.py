@@ -97,10 +97,20 @@ def test_history_is_stored_whole_or_not_at_all(api):
     message = {"chat_id": "c-1", "at": "2026-03-01T10:15:00Z", "role": "user", "text": "hello"}
     added = api.post("/v1/history", json={"messages": [message, message | {"chat_id": "c-2"}]}, headers=AUTH)
     assert added.status_code == 201, added.text
-    assert added.json() == {"added": 2, "chats": 2}
-    refused = api.post("/v1/history", json={"messages": [message, message | {"role": "robot"}]}, headers=AUTH)
+    assert added.json() == {"added": 2, "already": 0, "chats": 2}
+    # The same messages again: stored once.
+    again = api.post("/v1/history", json={"messages": [message]}, headers=AUTH)
+    assert again.status_code == 201 and again.json() == {"added": 0, "already": 1, "chats": 1}
+    # Every bad message is named, as `lanes history add` names every bad line.
+    refused = api.post("/v1/history", json={"messages": [
+        message | {"chat_id": "c-3"}, message | {"role": "robot"}, message | {"at": "2099-01-01T00:00:00Z"},
+    ]}, headers=AUTH)
     assert refused.status_code == 400
-    assert refused.json()["message"].startswith("messages[1]: role 'robot' is not one of")
+    text = refused.json()["message"]
+    assert text.startswith("2 bad messages in the request; nothing was written")
+    assert "messages[1]: role 'robot' is not one of" in text
+    assert "messages[2]: time 2099-01-01T00:00:00+00:00 is in the future" in text
+    assert "messages[0]" not in text
     engine = sa.create_engine(api.app.state.client.settings.catalog_url())
     with engine.connect() as conn:
         stored = conn.execute(sa.text("SELECT count(*) FROM chat_messages")).scalar_one()

@@ -68,9 +68,11 @@ def test_one_changed_width_is_one_update_and_one_version_bump(engine):
     assert pool.width == 12
     # Defaults are filled in, so the catalog shows the settings in effect.
     assert pool.controller == {"kind": "overload", "cut_factor": 0.5, "growth_factor": 1.5,
-                               "interval_seconds": 5.0, "probe_fraction": 0.05, "statuses": [529]}
+                               "interval_seconds": 5.0, "probe_fraction": 0.05, "statuses": [529],
+                               "probe_backoff": 8, "max_probe_backoff": 128}
     assert pool.controllers == {"overload": {"cut_factor": 0.5, "growth_factor": 1.5, "interval_seconds": 5.0,
-                                             "probe_fraction": 0.05, "statuses": [529]}}
+                                             "probe_fraction": 0.05, "statuses": [529],
+                                             "probe_backoff": 8, "max_probe_backoff": 128}}
 
 
 def test_without_prune_unnamed_rows_stay_and_with_prune_they_go(engine):

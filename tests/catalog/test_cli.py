@@ -75,7 +75,7 @@ def test_db_upgrade_current_and_downgrade(lanes):
     assert lanes("db", "upgrade").exit_code == 0
     current = json.loads(lanes("db", "current", "--json").stdout)
     assert [(b["branch"], b["revision"]) for b in current["branches"]] == [
-        ("schema", "catalog_0003"), ("fleet", None), ("memory", None)
+        ("schema", "catalog_0005"), ("fleet", None), ("memory", None)
     ]
 
     upgraded = lanes("db", "upgrade", "fleet@head")
@@ -103,6 +103,7 @@ def test_db_current_on_a_fresh_machine_creates_nothing(isolated_env):
     assert not (isolated_env / "catalog.db").exists()
 
 
+@pytest.mark.slow  # a few seconds of waiting; the fast tier keeps to its 8 minutes
 def test_the_lanes_command_as_a_real_process(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_") or k.startswith("LANES_TEST_")}
     env["LANES_STATE_DIR"] = str(tmp_path / "state")

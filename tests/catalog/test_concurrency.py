@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 
 from lanes.catalog import apply_document, load_routing, make_engine
@@ -145,6 +146,7 @@ def test_two_applies_of_the_same_new_pools_make_one_change_and_one_no_op(engine,
     assert list(load_routing(engine).pools) == ["p9"]
 
 
+@pytest.mark.slow  # processes racing: the slow tier
 def test_a_routing_table_is_read_from_one_committed_state(engine, db_url, tmp_path):
     # Given m1 served by pool p1
     before = {
@@ -189,6 +191,7 @@ def test_a_routing_table_is_read_from_one_committed_state(engine, db_url, tmp_pa
     assert load_routing(engine).models["m1"].pool.name == "p3"
 
 
+@pytest.mark.slow
 def test_concurrent_applies_of_one_file_never_fail(engine, db_url, tmp_path):
     document = pools(*[(f"pool-{n:03d}", 1 + n % 4) for n in range(100)])
     for _ in range(2):

@@ -8,6 +8,7 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
@@ -108,7 +109,7 @@ def test_open_catalog_creates_the_sqlite_file_under_the_state_dir_and_skips_the_
     try:
         assert settings.sqlite_path.exists()
         assert [(s.branch, s.revision) for s in migrate.branch_states(engine)] == [
-            ("schema", "catalog_0003"),
+            ("schema", "catalog_0005"),
             ("fleet", None),
             ("memory", None),
         ]
@@ -186,6 +187,7 @@ def test_catalogs_opened_from_many_threads_at_once_all_reach_head(make_settings)
     assert errors == []
 
 
+@pytest.mark.slow  # processes racing: the slow tier
 def test_processes_creating_one_catalog_at_once_all_succeed(db_url, tmp_path):
     code = (
         "import sys; from lanes.catalog import open_catalog, catalog_version; from lanes.settings import Settings; "

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 
-from lanes.demo_control import ADAPTIVE_POOL, VLLM, decisions_between, move_port, width_range, with_controller
+from lanes.demo.control import ADAPTIVE_POOL, VLLM, decisions_between, move_port, width_range, with_controller
 
 
 def test_the_controller_goes_on_the_adaptive_pool_only():

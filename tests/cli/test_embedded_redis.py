@@ -12,6 +12,8 @@ import pytest
 import redis
 
 from lanes.embedded import EmbeddedRedis
+from lanes.routing.client import LanesClient
+from lanes.settings import Settings
 from tests.cli.conftest import CHAT, apply, lanes, one_line_error, user_env
 from tests.polling import eventually
 
@@ -38,6 +40,7 @@ def test_a_restarted_embedded_redis_comes_back_at_the_same_address(tmp_path):
     ("stopped", ["events"]),
     ("stopped", ["result", "0c2b4d1e-0000-4000-8000-000000000000"]),
 ])
+@pytest.mark.slow
 def test_reading_or_submitting_never_starts_the_embedded_redis(tmp_path, args, history):
     state = tmp_path / "state"
     env = user_env(tmp_path, LANES_STATE_DIR=str(state))
@@ -55,6 +58,7 @@ def test_reading_or_submitting_never_starts_the_embedded_redis(tmp_path, args, h
     assert not server.is_running() and server.pid() is None
 
 
+@pytest.mark.slow
 def test_a_worker_finds_the_embedded_redis_again_at_its_address(tmp_path, sim):
     from lanes.presence import WorkerPresence
 
@@ -87,3 +91,49 @@ def test_a_worker_finds_the_embedded_redis_again_at_its_address(tmp_path, sim):
         except subprocess.TimeoutExpired:
             worker.kill()
         EmbeddedRedis(state / "redis").stop()
+
+
+def _stop_worker(worker: subprocess.Popen) -> None:
+    worker.send_signal(signal.SIGTERM)
+    try:
+        worker.wait(60)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait(10)
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.slow
+def test_background_work_queued_before_a_restart_of_the_embedded_redis_is_all_answered(tmp_path, sim):
+    """The reboot of the issue: 30 background tasks queued while no worker runs,
+    the embedded Redis stopped and started, then a worker: every one answered
+    (the embedded server keeps an append-only file; on bac1c88, 0 of 30)."""
+    state = tmp_path / "state"
+    env = user_env(tmp_path, LANES_STATE_DIR=str(state), LANES_LEASE_SECONDS="2")
+    apply(state, sim.base_url)
+    assert lanes("redis", "start", env=env).returncode == 0
+    worker = None
+    try:
+        assert lanes("pools", "provision", env=env).returncode == 0
+        ids = []
+        for number in range(30):
+            payload = {"messages": [{"role": "user", "content": f"note {number}"}]}
+            done = lanes("submit", "chat", "--priority", "background", "--payload", json.dumps(payload), env=env)
+            assert done.returncode == 0, done.stderr
+            ids.append(done.stdout.strip())
+
+        assert lanes("redis", "stop", env=env).stdout.strip() == "stopped"
+        assert lanes("redis", "start", env=env).returncode == 0
+        worker = subprocess.Popen([sys.executable, "-m", "lanes.cli", "worker", "--fleet", "gpu"], env=env)
+
+        client = LanesClient(Settings(state_dir=state))
+        try:
+            answered = [(client.wait(task_id, 240) or {}).get("state") for task_id in ids]
+        finally:
+            client.close()
+        assert answered.count("SUCCESS") == 30, answered
+    finally:
+        if worker is not None:
+            _stop_worker(worker)
+        EmbeddedRedis(state / "redis").stop()
+

@@ -117,6 +117,7 @@ def _no_lanes_folder_above(folder: Path) -> None:
     assert not found, f"a .lanes folder above the test's folder would be found: {found}"
 
 
+@pytest.mark.slow
 def test_the_nearest_lanes_folder_upward_is_the_state_folder(tmp_path):
     _no_lanes_folder_above(tmp_path)
     project = tmp_path / "project"
@@ -163,7 +164,7 @@ def test_a_misspelt_lanes_variable_gets_a_warning(tmp_path):
 
 def test_the_demo_progress_counts_answers_not_submissions(tmp_path, embedded_redis, make_settings):
     from lanes.catalog import apply_document, open_catalog, read_document
-    from lanes.demo import run_workload
+    from lanes.demo.run import run_workload
     from lanes.routing.client import LanesClient
 
     settings = make_settings()

@@ -75,14 +75,50 @@ def test_recovery_from_one_cut_at_60000_takes_one_growth():
 
 
 def test_near_a_measured_capacity_the_width_probes_by_five_percent_then_grows_fast_once_a_probe_holds():
-    memo = {}
-    assert overload_law(full(150, overloads=9, served_concurrency=100.0), WIDE, OVERLOAD, memo).width == 100
-    assert overload_law(full(100), WIDE, OVERLOAD, memo).width == 105  # the probe
-    # The probe failed: back to the measured capacity.
-    assert overload_law(full(105, overloads=2, served_concurrency=100.0), WIDE, OVERLOAD, memo).width == 100
-    assert overload_law(full(100), WIDE, OVERLOAD, memo).width == 105
+    memo, quick = {}, {**OVERLOAD, "probe_backoff": 2}
+    assert overload_law(full(150, overloads=9, served_concurrency=100.0), WIDE, quick, memo).width == 100
+    assert overload_law(full(100), WIDE, quick, memo).width == 105  # the probe, after a short pause
+    # The probe failed: back to the measured capacity, and no probe for 2 decisions.
+    assert overload_law(full(105, overloads=2, served_concurrency=100.0), WIDE, quick, memo).width == 100
+    assert [overload_law(full(100), WIDE, quick, memo).decision for _ in range(2)] == ["hold", "grow"]
     # The backend grew: the probe at the width that failed before holds, growth is fast again.
-    assert overload_law(full(105), WIDE, OVERLOAD, memo).width == 158
+    assert overload_law(full(105), WIDE, quick, memo).width == 158
+
+
+def test_probes_that_keep_failing_wait_longer_and_longer():
+    memo, gaps = {}, []
+    width, since = 150, 0
+    for _ in range(400):
+        if width > 100:  # every probe above 100 fails
+            width = overload_law(full(width, overloads=1, served_concurrency=100.0), WIDE, OVERLOAD, memo).width
+            gaps.append(since)
+            since = 0
+        else:
+            width = overload_law(full(width), WIDE, OVERLOAD, memo).width
+            since += 1
+    gaps = gaps[1:]  # decisions at the measured capacity between two cuts (the first cut found it)
+    assert len(gaps) >= 4 and all(later >= earlier for earlier, later in zip(gaps, gaps[1:])), gaps
+    assert gaps[:6] == [1, 8, 16, 32, 64, 128]  # a short pause, then doubling up to max_probe_backoff
+    assert gaps[-1] >= 64
+
+
+def test_at_small_widths_a_probe_of_one_waits_in_proportion_to_its_size():
+    def decisions_until_a_probe(capacity, memo):
+        for n in range(1, 100_000):
+            proposal = overload_law(full(capacity), WIDE, OVERLOAD, memo)
+            if proposal.decision == "grow":
+                return n, proposal.width
+
+    def first_probe_after_a_failure(capacity):
+        memo = {}
+        overload_law(full(capacity * 2, overloads=1, served_concurrency=float(capacity)), WIDE, OVERLOAD, memo)
+        _, probe = decisions_until_a_probe(capacity, memo)
+        overload_law(full(probe, overloads=1, served_concurrency=float(capacity)), WIDE, OVERLOAD, memo)
+        return decisions_until_a_probe(capacity, memo)[0]
+
+    # +1 at 2 is +50 %: ten times the share a 5 % probe at 100 takes, so ten times the wait.
+    assert first_probe_after_a_failure(2) >= 10 * first_probe_after_a_failure(100) - 1
+    assert first_probe_after_a_failure(1) > first_probe_after_a_failure(2)
 
 
 # --- vllm (seed 002) -------------------------------------------------------------------
@@ -98,16 +134,154 @@ def test_saturation_cuts_to_the_running_count_never_below_the_floor():
     assert vllm_law(s, Bounds(35, 512), VLLM, {}).width == 35
 
 
-def test_a_saturation_cut_keeps_at_least_half_the_width():
-    s = Signals(width=1000, in_flight=1000, waiting=0, gauges=gauges(100, waiting=900, capacity=900))
-    assert vllm_law(s, Bounds(1, 2000), VLLM, {}).width == 500
+def test_a_saturation_cut_keeps_at_least_half_the_width_when_the_cache_binds():
+    # A full KV cache (or no KV gauge): the running count may be a moment of a changing mix.
+    for kv in (0.99, None):
+        s = Signals(width=1000, in_flight=1000, waiting=0, gauges=gauges(100, waiting=900, capacity=900, kv=kv))
+        assert vllm_law(s, Bounds(1, 2000), VLLM, {}).width == 500
 
 
-def test_near_full_grows_and_a_low_load_holds():
-    grow = Signals(width=10, in_flight=10, waiting=0, gauges=gauges(9))
-    assert vllm_law(grow, Bounds(1, 512), VLLM, {}).width == 15
+def test_work_waiting_with_room_in_the_cache_cuts_at_once_to_the_running_cap():
+    # max_num_seqs binds: however old the reading, the backend was full then, and ran 100.
+    memo = {}
+    s = Signals(width=1000, in_flight=1000, waiting=0, gauges=gauges(100, waiting=900, capacity=900, kv=0.5))
+    proposal = vllm_law(s, Bounds(1, 2000), VLLM, memo)
+    assert proposal.width == 100 and "running cap 100" in proposal.reason
+    assert memo["cap"] == 100
+
+
+def test_a_running_gauge_read_low_is_not_taken_for_a_lower_cap():
+    # 101 in flight, 1 waiting in vLLM: the cap is 100, though a noisy gauge says 85 run.
+    memo = {}
+    s = Signals(width=101, in_flight=101, waiting=50, gauges=gauges(85, waiting=1, capacity=1, kv=0.45))
+    assert vllm_law(s, WIDE, VLLM, memo).width == 100 and memo["cap"] == 100
+
+
+def test_near_full_grows_into_the_room_the_kv_cache_measures_and_a_low_load_holds():
+    # 9 running fill 50 % of the cache: 17 fit below the 98 % threshold.
+    grow = Signals(width=10, in_flight=10, waiting=30, gauges=gauges(9))
+    assert vllm_law(grow, Bounds(1, 512), VLLM, {}).width == 17
+    # No KV gauge: the blind step (x1.5).
+    blind = Signals(width=10, in_flight=10, waiting=30, gauges=gauges(9, kv=None))
+    assert vllm_law(blind, Bounds(1, 512), VLLM, {}).width == 15
     low = Signals(width=10, in_flight=5, waiting=0, gauges=gauges(5))
     assert vllm_law(low, Bounds(1, 512), VLLM, {}).decision == "hold"
+
+
+def test_growth_into_the_room_is_bounded_by_its_factor_the_work_waiting_and_the_running_cap():
+    room = gauges(10, kv=0.05)  # room for 196
+    assert vllm_law(Signals(width=10, in_flight=10, waiting=1000, gauges=room), WIDE, VLLM, {}).width == 40
+    assert vllm_law(Signals(width=10, in_flight=10, waiting=5, gauges=room), WIDE, VLLM, {}).width == 15
+    capped = {"cap": 25, "cap_endpoints": 1}
+    assert vllm_law(Signals(width=10, in_flight=10, waiting=1000, gauges=room), WIDE, VLLM, capped).width == 25
+    # A cache with no room for more than the width: no growth, whatever waits.
+    full = vllm_law(Signals(width=10, in_flight=10, waiting=1000, gauges=gauges(10, kv=0.9)), WIDE, VLLM, {})
+    assert full.decision == "hold" and "room for 10" in full.reason
+
+
+def test_at_a_running_cap_a_probe_waits_cap_backoff_readings_and_a_cut_by_the_cache_does_not_shorten_it():
+    memo = {}
+    near = Signals(width=100, in_flight=100, waiting=50, gauges=gauges(100, kv=0.5))
+    assert vllm_law(Signals(width=160, in_flight=160, waiting=50, gauges=gauges(100, 60, 60)), WIDE, VLLM,
+                    memo).width == 100
+    holds = 0
+    while vllm_law(near, WIDE, VLLM, memo).decision == "hold":
+        holds += 1
+        if holds == 5:  # long contexts fill the cache at 60, then the mix is short again
+            cut = vllm_law(Signals(width=100, in_flight=100, waiting=50, gauges=gauges(60, 40, 40, kv=1.0)),
+                           WIDE, VLLM, memo)
+            assert cut.width == 60
+            back = vllm_law(Signals(width=60, in_flight=60, waiting=50, gauges=gauges(60, kv=0.3)), WIDE, VLLM, memo)
+            assert back.width == 100 and "running cap 100" in back.reason  # the room, up to the cap
+        assert holds < 100
+    assert holds == VLLM["cap_backoff"] - 3  # the two readings of the cache episode count too
+    # That probe fails: the next one waits twice as long.
+    vllm_law(Signals(width=105, in_flight=105, waiting=50, gauges=gauges(100, 5, 5)), WIDE, VLLM, memo)
+    again = 0
+    while vllm_law(near, WIDE, VLLM, memo).decision == "hold":
+        again += 1
+        assert again < 1000
+    assert again == 2 * VLLM["cap_backoff"] - 1
+
+
+def test_a_probe_above_the_running_cap_that_runs_more_forgets_the_cap_and_grows_into_the_room():
+    memo = {"cap": 6, "cap_endpoints": 1, "measured": 6, "failed": 9, "n": 40, "cap_quiet_until": 30}
+    # Reconfigured to 12: at the probe 7, seven run with nothing waiting (a reading from
+    # before the probe could not show that, so no gauge lag is waited for).
+    s = Signals(width=7, in_flight=7, waiting=40, gauges=gauges(7, kv=0.07), width_age_seconds=1.0)
+    proposal = vllm_law(s, WIDE, VLLM, memo)
+    assert proposal.width == 28 and "cap" not in memo
+
+
+def answers(width, completions, *, waiting=1000, g=None, age=None, window=5.0, call=None):
+    """An interval of the lane's own accounting: ``completions`` answers, ``call`` seconds each."""
+    call = call if call is not None else width * window / completions
+    return Signals(width=width, in_flight=width, waiting=waiting, completions=completions, window_seconds=window,
+                   served_concurrency=completions * call / window, gauges=g, width_age_seconds=age)
+
+
+def test_a_growth_above_what_a_reading_proved_is_undone_by_the_lanes_answers_before_the_next_reading():
+    memo = {}
+    # A reading: 40 run, nothing waits; 200 answers of 1 s each: the yardstick. The room: x4.
+    assert vllm_law(answers(40, 200, g=gauges(40, kv=0.2)), WIDE, VLLM, memo).width == 160
+    # No reading for two more decisions, but 160 in flight answer only 475 in 5 s: at 1 s a call
+    # the backend ran 95 at once; the other 65 wait in vLLM.
+    cut = vllm_law(answers(160, 475, age=5.0), WIDE, VLLM, memo)
+    assert cut.width == 95 and cut.decision == "cut" and "95 run at once" in cut.reason
+    # The next reading shows 95 running with room in the cache: no jump into the room again.
+    held = vllm_law(answers(95, 475, g=gauges(95, kv=0.475), age=10.0), WIDE, VLLM, memo)
+    assert held.decision == "hold" and "running cap 95" in held.reason
+    # Answers as many as the width (nothing waits) never cut.
+    assert vllm_law(answers(40, 200, g=gauges(40, kv=0.2)), WIDE, VLLM, {}).width == 160
+    assert vllm_law(answers(160, 790, age=5.0), WIDE, VLLM, {"proven": 40, "call_s": 1.0}).decision == "hold"
+
+
+def test_a_probe_above_the_lanes_cap_that_runs_more_raises_it_and_the_next_probe_follows_at_once():
+    memo = {"proven": 95, "call_s": 1.0, "call_at": 1, "decisions": 50, "cap": 95, "cap_endpoints": 1,
+            "cap_lane": True, "measured": 95, "failed": 160, "n": 40, "cap_quiet_until": 30, "cap_backoff": 24}
+    raised = vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=30.0), WIDE, VLLM, memo)
+    assert raised.decision == "hold" and memo["cap"] == 100  # no jump into the room (196)
+    assert vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=30.0), WIDE, VLLM, memo).width == 105
+
+
+def test_a_drop_below_what_a_reading_showed_is_cut_by_the_lanes_answers_without_a_cap():
+    # A reading showed 100 running, nothing waiting; then the backend halves: 100 in flight
+    # answer 250 in 5 s at 1 s a call. Back to 50, as a measurement, not a running cap.
+    memo = {}
+    vllm_law(answers(100, 500, g=gauges(100, kv=0.5)), WIDE, VLLM, memo)
+    cut = vllm_law(answers(100, 250, age=None), WIDE, VLLM, memo)
+    assert cut.width == 50 and memo["measured"] == 50 and not memo.get("cap_lane")
+
+
+def test_few_answers_or_no_yardstick_leave_the_judging_to_the_readings():
+    yardstick = {"proven": 10, "call_s": 1.0}
+    # 10 in flight, 40 answers where 50 were due: within the count's own noise (3 / sqrt(40)).
+    assert vllm_law(answers(12, 40, age=5.0), WIDE, VLLM, dict(yardstick)).decision == "hold"
+    assert vllm_law(answers(160, 19, age=5.0), WIDE, VLLM, dict(yardstick)).decision == "hold"
+    assert vllm_law(answers(160, 475, age=5.0), WIDE, VLLM, {"proven": 40}).decision == "hold"
+
+
+def test_calls_that_slow_with_the_batch_are_not_taken_for_waiting():
+    memo = {}
+    vllm_law(answers(20, 100, g=gauges(20, kv=0.02)), WIDE, VLLM, memo)  # 1 s a call at 20
+    assert vllm_law(answers(80, 185, age=5.0), WIDE, VLLM, memo).width == 37
+    # Settled at 37 with nothing waiting, a call takes 1.26 s: the steps slowed with the batch,
+    # so the "waiting" was the batch's own pace. The lane's cap is dropped; readings judge.
+    vllm_law(answers(37, 147, age=None), WIDE, VLLM, memo)
+    s = answers(37, 147, g=gauges(37, kv=0.04), age=30.0, call=1.26)
+    grow = vllm_law(s, WIDE, VLLM, memo)
+    assert memo.get("slows") and "cap" not in memo and grow.width > 37
+    assert vllm_law(answers(148, 300, age=5.0), WIDE, VLLM, memo).decision == "hold"
+
+
+def test_a_probe_no_reading_could_judge_waits_the_caps_back_off_again():
+    memo = {"cap": 100, "cap_endpoints": 1, "measured": 100, "failed": 160, "n": 40, "cap_quiet_until": 30,
+            "cap_backoff": 24}
+    failed = Gauges(ok=False, error="timed out")
+    given_up = vllm_law(Signals(width=105, in_flight=105, waiting=50, gauges=failed), WIDE, VLLM, memo)
+    assert given_up.width == 100
+    near = Signals(width=100, in_flight=100, waiting=50, gauges=gauges(100, kv=0.5))
+    assert "no probe above it for 23 more" in vllm_law(near, WIDE, VLLM, memo).reason
 
 
 def test_gauges_that_still_show_a_burst_the_lane_has_finished_never_grow_it():
@@ -118,15 +292,50 @@ def test_gauges_that_still_show_a_burst_the_lane_has_finished_never_grow_it():
 
 def test_without_the_capacity_gauge_waiting_above_the_threshold_or_a_full_kv_cache_is_saturation():
     legacy = Gauges(ok=True, running=8, waiting=3, waiting_capacity=None, kv_usage=0.7)
-    assert vllm_law(Signals(width=12, in_flight=12, waiting=0, gauges=legacy), WIDE, VLLM, {}).width == 8
+    assert vllm_law(Signals(width=12, in_flight=11, waiting=0, gauges=legacy), WIDE, VLLM, {}).width == 8
     full_cache = Gauges(ok=True, running=9, waiting=0, waiting_capacity=0, kv_usage=0.99)
     assert vllm_law(Signals(width=12, in_flight=12, waiting=0, gauges=full_cache), WIDE, VLLM, {}).width == 9
 
 
-def test_a_failed_scrape_never_grows_and_falls_back_to_the_floor():
+def test_a_failed_scrape_holds_the_last_good_width():
     s = Signals(width=40, in_flight=40, waiting=5, gauges=Gauges(ok=False, error="connection refused"))
     proposal = vllm_law(s, Bounds(4, 512), VLLM, {})
-    assert proposal.width == 4 and proposal.decision == "floor"
+    assert proposal.width == 40 and proposal.decision == "hold" and "connection refused" in proposal.reason
+
+
+def test_after_a_long_outage_the_width_goes_back_to_the_configured_one_never_up():
+    failed = Gauges(ok=False, error="timed out")
+    above = Signals(width=40, in_flight=40, waiting=5, gauges=failed, configured=10, outage_seconds=301.0)
+    assert vllm_law(above, Bounds(4, 512), VLLM, {}).width == 10
+    below = Signals(width=6, in_flight=6, waiting=5, gauges=failed, configured=10, outage_seconds=301.0)
+    assert vllm_law(below, Bounds(4, 512), VLLM, {}).width == 6
+    short = Signals(width=40, in_flight=40, waiting=5, gauges=failed, configured=10, outage_seconds=100.0)
+    assert vllm_law(short, Bounds(4, 512), VLLM, {}).width == 40
+
+
+def test_an_endpoint_missing_from_a_reading_is_held_and_nothing_grows_on_it():
+    # Two replicas; one answered with 20 running, nothing waiting; the other is missing with 20 in flight there.
+    partial = Gauges(ok=True, running=20, waiting=0, waiting_capacity=0, kv_usage=0.5, endpoints=2, fresh=1, held=20)
+    s = Signals(width=40, in_flight=40, waiting=30, gauges=partial)
+    proposal = vllm_law(s, WIDE, VLLM, {})
+    assert proposal.decision == "hold" and "1 of 2 endpoints fresh" in proposal.reason
+    # The one that answered is saturated: the cut keeps what the missing one holds.
+    saturated = Gauges(ok=True, running=15, waiting=5, waiting_capacity=5, kv_usage=0.5, endpoints=2, fresh=1, held=20)
+    assert vllm_law(Signals(width=40, in_flight=40, waiting=30, gauges=saturated), WIDE, VLLM, {}).width == 35
+    # A dead replica the picker stopped calling holds nothing: the width follows the survivor.
+    dead = Gauges(ok=True, running=25, waiting=5, waiting_capacity=5, kv_usage=0.5, endpoints=2, fresh=1, held=0)
+    assert vllm_law(Signals(width=40, in_flight=30, waiting=30, gauges=dead), WIDE, VLLM, {}).width == 25
+
+
+def test_growth_needs_work_waiting_in_the_lane_and_a_reading_taken_after_the_width_changed():
+    near = gauges(9)
+    assert vllm_law(Signals(width=10, in_flight=10, waiting=0, gauges=near), WIDE, VLLM, {}).decision == "hold"
+    # A probe above the measured 10 began 4 s ago; a reading now may still show the gauges of
+    # before it (6 s lag by default), so it cannot say the probe held.
+    early = Signals(width=10, in_flight=10, waiting=5, gauges=near, width_age_seconds=4.0)
+    assert "before the width changed" in vllm_law(early, WIDE, VLLM, {"measured": 10}).reason
+    late = Signals(width=10, in_flight=10, waiting=5, gauges=near, width_age_seconds=7.0)
+    assert vllm_law(late, WIDE, VLLM, {"measured": 10}).decision == "grow"
 
 
 def test_no_new_scrape_holds():
@@ -191,3 +400,67 @@ def test_a_growth_needs_every_controller_to_agree():
     s = Signals(width=10, in_flight=10, waiting=5, admitted=3, gauges=gauges(10, kv=0.9))
     composed = compose({"overload": OVERLOAD, "vllm": VLLM}, s, WIDE, {})
     assert composed.width == 10 and composed.decision == "hold"
+
+
+# --- the lane's answers judge a probe and look twice at a drop ---
+
+PROBE_JUDGED = {**VLLM, "lane_probe": 0.03}  # off by default (the catalog's registry says why)
+
+
+def test_a_probe_above_the_running_cap_is_judged_by_readings_alone_by_default():
+    assert VLLM["lane_probe"] == 0.0
+
+
+def test_a_probe_above_the_running_cap_is_failed_by_the_lanes_answers_before_the_next_reading():
+    memo = {"proven": 100, "endpoints": 1, "call_s": 1.0, "call_at": 1, "decisions": 50, "cap": 100, "cap_endpoints": 1,
+            "measured": 100, "failed": 196, "n": 40, "cap_quiet_until": 40, "cap_backoff": 24}
+    # The probe 105 answered 485 in 5 s at 1.07 s a call: about 97 ran, the rest queued in vLLM.
+    cut = vllm_law(answers(105, 485, age=5.0, call=1.07), WIDE, PROBE_JUDGED, memo)
+    assert cut.width == 100 and cut.decision == "cut" and "probe at 105" in cut.reason
+    assert memo["cap_backoff"] == 48 and memo["failed"] == 105  # failed as a probe: the back-off doubles
+
+
+def test_a_probe_that_runs_or_is_not_judged_by_the_lane_holds():
+    base = {"proven": 100, "endpoints": 1, "call_s": 1.0, "call_at": 1, "decisions": 50, "cap": 100, "cap_endpoints": 1,
+            "measured": 100, "failed": 196, "n": 40, "cap_quiet_until": 40, "cap_backoff": 24}
+    # The backend grew: 105 ran at the yardstick's pace (within the count's noise).
+    assert vllm_law(answers(105, 520, age=5.0, call=1.01), WIDE, PROBE_JUDGED, dict(base)).decision == "hold"
+    # Fewer answers, but calls no longer than the yardstick: nothing waited.
+    assert vllm_law(answers(105, 485, age=5.0, call=1.0), WIDE, PROBE_JUDGED, dict(base)).decision == "hold"
+    # The interval began before the probe (its calls are not all the probe's).
+    assert vllm_law(answers(105, 485, age=3.0, call=1.07), WIDE, PROBE_JUDGED, dict(base)).decision == "hold"
+    # A cap measured on another set of endpoints says nothing of this one.
+    assert vllm_law(answers(105, 485, age=5.0, call=1.07), WIDE, PROBE_JUDGED, dict(base, endpoints=2)).decision == "hold"
+    # A small lane: 28 answers vary their mean by more than 3 %; 8 % longer is inside that noise.
+    small = {**base, "proven": 6, "cap": 6, "measured": 6, "failed": 9}
+    assert vllm_law(answers(7, 28, age=5.0, call=1.08), WIDE, PROBE_JUDGED, dict(small)).decision == "hold"
+    assert vllm_law(answers(7, 28, age=5.0, call=1.2), WIDE, PROBE_JUDGED, dict(small)).width == 6
+    # Off: the readings alone judge a probe.
+    off = {**VLLM, "lane_probe": 0.0}
+    assert vllm_law(answers(105, 485, age=5.0, call=1.07), WIDE, off, dict(base)).decision == "hold"
+
+
+def test_after_a_cut_to_a_shrunk_backend_the_lanes_answers_look_once_more():
+    memo = {}
+    vllm_law(answers(100, 500, g=gauges(100, kv=0.5)), WIDE, VLLM, memo)  # 1 s a call at 100
+    # The backend halves; the interval began with the batch above 50 still finishing: 57 ran.
+    first = vllm_law(answers(100, 285, age=None, call=1.55), WIDE, VLLM, memo)
+    assert first.width == 57 and memo["lane_cut"] == "shrink"
+    # At 57 throughout, 250 answers (50 ran) at 1.5 s a call: 7 wait in vLLM. Cut again, to 50.
+    second = vllm_law(answers(57, 250, age=5.0, call=1.5), WIDE, VLLM, memo)
+    assert second.width == 50 and second.decision == "cut"
+    # Once only: a third look waits for the next reading.
+    assert vllm_law(answers(50, 230, age=5.0, call=1.5), WIDE, VLLM, memo).decision == "hold"
+
+
+def test_the_second_look_needs_calls_that_waited_and_can_be_turned_off():
+    def after_first(params):
+        memo = {}
+        vllm_law(answers(100, 500, g=gauges(100, kv=0.5)), WIDE, params, memo)
+        assert vllm_law(answers(100, 285, age=None, call=1.55), WIDE, params, memo).width == 57
+        return memo
+    # 250 answers, but at the yardstick's pace: a noisy count, not a queue.
+    assert vllm_law(answers(57, 250, age=5.0, call=1.0), WIDE, VLLM, after_first(VLLM)).decision == "hold"
+    off = {**VLLM, "lane_rejudge": 0.0}
+    assert vllm_law(answers(57, 250, age=5.0, call=1.5), WIDE, off, after_first(off)).decision == "hold"
+

@@ -1,5 +1,7 @@
 """The controllers live: real workers, ``lanes sim`` in its own process with its capacity
-changed at runtime through its admin endpoint, the lane's width following it.
+(``max_num_seqs``) changed at runtime through its admin endpoint, the lane's width
+following it. The simulator runs its physical step law (about 1 s an answer: 25 tokens
+at 40 ms a step, a little more per sequence in the batch), never a fixed service time.
 
 One deployment, two workers of the fleet, a closed loop of clients keeping
 work waiting. The ``vllm`` controller ticks every second and scrapes every
@@ -74,7 +76,7 @@ class Load:
 def dep(tmp_path, embedded_redis):
     url = embedded_redis.url.rsplit("/", 1)[0] + "/7"
     redis.Redis.from_url(url).flushdb()
-    sim = RemoteSim(["m:6:1000"])
+    sim = RemoteSim(["m:6"], extra_args=("--tokens", "25", "--per-token-ms", "40"))
     deployment = deploy(tmp_path, url, document(VLLM), sim, ["gpu"], extra_env={"LANES_MEMORY_GATE_HIGH": "0.9"})
     yield deployment
     deployment.close()
@@ -94,8 +96,8 @@ def test_the_width_follows_the_backends_capacity_and_a_second_worker_takes_over(
     control = store(dep)
     # A second worker of the same fleet, started directly, competing for the lease.
     second = subprocess.Popen(
-        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "16",
-         "--background-threads", "16", "--hostname", "gpu-second@test"], env=dep.env)
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground", "16",
+         "--background", "16", "--hostname", "gpu-second@test"], env=dep.env)
     load = Load(dep, 40)
     try:
         # Capacity 6, untold: the width finds it.

@@ -143,15 +143,22 @@ def test_only_the_lease_holder_writes_and_a_successor_gets_a_higher_fence(setup)
     assert rt.control.read(pool.id).width != 99
 
 
-def test_a_controller_that_may_exceed_the_configured_width_without_a_memory_gate_fails_closed(setup, caplog):
+def test_without_a_memory_gate_the_ceiling_is_clamped_to_the_configured_width_and_cuts_still_apply(setup, caplog):
     rt, _, clock = setup
     loop, lease, _, pool = leader(rt, memory_gated=False)
     tick(rt, loop, clock, lease)
-    rt.lane(pool).resize(10)
-    for _ in range(3):
-        composed = tick(rt, loop, clock, lease)
-    assert composed.decision == "fail_closed" and rt.lane(pool).stats().width == 10
+    state = rt.control.read(pool.id)
+    assert "ceiling 100 clamped to the configured width 10" in state.fail_closed
+    assert "LANES_MEMORY_GATE_HIGH" in state.fail_closed
+    # The backend said it is full: the cut applies (it used to be ignored while failing closed).
+    overload(rt, pool, rt.control_generation(pool))
+    composed = tick(rt, loop, clock, lease)
+    assert composed.decision == "cut" and rt.lane(pool).stats().width == 8
     assert any(r.levelname == "CRITICAL" and "memory gate" in r.getMessage() for r in caplog.records)
+    # A gate on the workers lifts the clamp (and the flag).
+    gated = ControlLoop(rt.control, Recorder(), memory_gated=True)
+    tick(rt, gated, clock, lease)
+    assert rt.control.read(pool.id).fail_closed is None
 
 
 @pytest.mark.parametrize("high, low, gated", [(None, None, False), (0.9, None, True), (0.9, 0.7, True),
@@ -218,6 +225,7 @@ def test_with_every_controller_off_the_width_is_exactly_the_configured_width():
     assert decide_width(on, None) == 6  # starts at the configured width
 
 
+@pytest.mark.slow
 def test_lanes_pools_shows_configured_and_current_width_and_each_controllers_last_decision(setup):
     import json
     import os
@@ -253,13 +261,21 @@ def test_lanes_pools_shows_configured_and_current_width_and_each_controllers_las
 def test_a_fleet_is_sized_from_the_ceiling_while_a_controller_runs_and_from_the_width_when_off(make_settings):
     from workers.fleet import plan_fleet
 
-    settings = make_settings(workers_per_lane=2, fleet_max_workers=500)
+    settings = make_settings(fleet_pool="gevent", fleet_held_messages=50)
     engine = open_catalog(settings)
     apply_document(engine, document(OVERLOAD, width=10, ceiling=100))
-    # Each of the fleet's two queues gets width x workers per lane threads.
-    assert plan_fleet(rt_table(engine), "gpu", settings).foreground_threads == 200
+    # The lane the fleet must be able to fill: the ceiling while a controller may move the width.
+    plan = plan_fleet(rt_table(engine), "gpu", settings)
+    assert (plan.width, plan.foreground_held) == (100, 50)
     apply_document(engine, document({"kind": "off"}, width=10, ceiling=100))
-    assert plan_fleet(rt_table(engine), "gpu", settings).foreground_threads == 20
+    plan = plan_fleet(rt_table(engine), "gpu", settings)
+    assert (plan.width, plan.foreground_held) == (10, 50)
+    # The threads pool: two threads a slot of the width to fill, capped at 64.
+    threads = make_settings(fleet_pool="threads")
+    apply_document(engine, document(OVERLOAD, width=10, ceiling=100))
+    assert plan_fleet(rt_table(engine), "gpu", threads).foreground_held == 64
+    apply_document(engine, document({"kind": "off"}, width=10, ceiling=100))
+    assert plan_fleet(rt_table(engine), "gpu", threads).foreground_held == 20
 
 
 def rt_table(engine):

@@ -32,14 +32,15 @@ def test_the_metrics_url_is_the_base_url_without_v1_plus_metrics():
 
 @pytest.fixture
 def replicas():
-    first = Simulator([SimModel(name="m1", capacity=2, service_ms=5000.0),
-                       SimModel(name="elsewhere", capacity=8, service_ms=5000.0)]).start()
-    second = Simulator([SimModel(name="m2", capacity=1, service_ms=5000.0)]).start()
+    first = Simulator([SimModel(name="m1", capacity=2, per_token_ms=500.0, tokens=10),
+                       SimModel(name="elsewhere", capacity=8, per_token_ms=500.0, tokens=10)]).start()
+    second = Simulator([SimModel(name="m2", capacity=1, per_token_ms=500.0, tokens=10)]).start()
     yield first, second
     first.stop()
     second.stop()
 
 
+@pytest.mark.slow
 def test_the_pools_models_are_selected_by_name_and_summed_across_backends(replicas):
     first, second = replicas
     p = pool()

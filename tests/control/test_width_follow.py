@@ -36,7 +36,7 @@ def document(width: int, controller=None) -> dict:
 def dep(tmp_path, embedded_redis):
     url = embedded_redis.url.rsplit("/", 1)[0] + "/7"
     redis.Redis.from_url(url).flushdb()
-    deployment = deploy(tmp_path, url, document(4), [SimModel(name="m", capacity=16, service_ms=250.0)], ["gpu"])
+    deployment = deploy(tmp_path, url, document(4), [SimModel(name="m", capacity=16, per_token_ms=25.0, tokens=10)], ["gpu"])
     yield deployment
     deployment.close()
 

@@ -61,18 +61,21 @@ def test_the_stack_has_every_part_and_secrets_are_required_not_defaulted():
     assert ":?" in services["flower"]["environment"]["LANES_FLOWER_BASIC_AUTH"]
     assert ":?" in services["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"]
     redis_command = services["redis"]["command"]
-    assert "noeviction" in redis_command and redis_command[redis_command.index("--save") + 1] == ""
+    assert "noeviction" in redis_command and redis_command[redis_command.index("--appendonly") + 1] == "yes"
+    assert redis_command[redis_command.index("--appendfsync") + 1] in ("everysec", "always")
+    assert any(volume.endswith(":/data") for volume in services["redis"]["volumes"]), "the AOF outlives the container"
 
 
 def test_prometheus_scrapes_every_process_that_serves_metrics_on_its_own_port():
     services = compose()["services"]
     ports = {name: s["environment"]["LANES_METRICS_PORT"] for name, s in services.items()
              if "LANES_METRICS_PORT" in s.get("environment", {})}
-    assert len(set(ports.values())) == len(ports), "processes sharing one network namespace need distinct ports"
     assert {n for n in services if n.startswith("worker-")} | {"beat"} == set(ports)
+    for name in ports:  # scraped from Prometheus's own container
+        assert services[name]["environment"]["LANES_METRICS_HOST"] == "0.0.0.0", name
     config = yaml.safe_load((PROMETHEUS / "prometheus.yml").read_text())
     targets = {t for job in config["scrape_configs"] for sc in job["static_configs"] for t in sc["targets"]}
-    assert {f"sim:{port}" for port in ports.values()} | {"sim:8080"} <= targets
+    assert {f"{name}:{port}" for name, port in ports.items()} | {"api:8080", "sim:8700"} <= targets
     for name, mount in (("prometheus", "./deploy/prometheus/prometheus.yml"), ("grafana", "./deploy/grafana/dashboards")):
         assert any(volume.startswith(mount + ":") for volume in services[name]["volumes"]), name
         assert (ROOT / mount).exists()

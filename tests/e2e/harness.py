@@ -101,7 +101,9 @@ class Deployment:
             LANES_DATABASE_URL=self.settings.catalog_url(),
             LANES_LEASE_SECONDS=str(self.settings.lease_seconds),
             LANES_EVENTS_ENABLED=str(self.settings.events_enabled).lower(),
-            LANES_WORKERS_PER_LANE=str(self.settings.workers_per_lane),
+            LANES_FLEET_HELD_MESSAGES=str(self.settings.fleet_held_messages),
+            LANES_MESSAGE_LEASE_SECONDS=str(self.settings.message_lease_seconds),
+            LANES_FLEET_POOL=self.settings.fleet_pool,
             LANES_VISIBILITY_TIMEOUT_SECONDS=str(self.settings.visibility_timeout_seconds),
             LANES_REDIS_TIMEOUT_SECONDS=str(self.settings.redis_timeout_seconds),
         )
@@ -135,7 +137,8 @@ class Deployment:
         self.workers[fleet] = proc
         return proc
 
-    def wait_for_workers(self, fleets, timeout: float = 120.0) -> None:
+    def wait_for_workers(self, fleets, timeout: float = 300.0) -> None:
+        # Generous: six supervised fleets took 100-130 s to answer at load 20 on 2 cores.
         wanted = set(fleets)
         deadline = time.monotonic() + timeout
         seen: set[str] = set()
@@ -195,10 +198,10 @@ def deploy(state_dir: Path, redis_url: str, document: dict, sim_models, fleets,
         sim.start()
     for model in document.get("models", []):
         model["base_url"] = model["base_url"].replace("{sim}", sim.base_url)
+    settings_overrides.setdefault("database_url", f"sqlite:///{state_dir / 'catalog.db'}")
     settings = Settings(
         state_dir=state_dir,
         redis_url=redis_url,
-        database_url=f"sqlite:///{state_dir / 'catalog.db'}",
         lease_seconds=lease_seconds,
         **settings_overrides,
     )

@@ -6,7 +6,7 @@ a 60 s visibility timeout. While interactive, user-tool and background tasks
 flow, the test widens a pool (its fleet restarts), renames another (its fleet
 follows), SIGKILLs a worker in the middle of its calls, pauses Redis writes
 for longer than the workers' Redis timeout and fills Redis to its memory
-limit. Then it asserts what the README promises:
+limit. Then it asserts what docs/OPERATING.md promises:
 
 - every task ends once, with a clear outcome (an answer, or one of Lanes'
   errors: never stuck in STARTED/RETRY, never a raw redis-py error);
@@ -222,7 +222,7 @@ def test_every_task_ends_once_and_no_backend_is_called_twice_under_faults(dep, p
     print(f"fault harness: {len(tasks)} tasks ({load.refused} submits refused), {served} served, "
           f"failures {dict(Counter(failures.values()))}, killed mid-call {len(killed)}, "
           f"calls {sum(per_task.values())}, repeated {repeated}, attempts {dict(attempts)}")
-    # A background call cut short for urgent work is called again (README):
+    # A background call cut short for urgent work is called again (docs/OPERATING.md):
     # the backend saw every call but one end with the client gone, and each
     # delivery (one trace) cut a call on a model at most once.
     calls = dep.sim.calls()

@@ -115,7 +115,7 @@ def children_by_queue(dep, fleet: str) -> dict[str, int]:
     found = {}
     for pid in dep.worker_children(fleet):
         args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
-        found["foreground" if b"--foreground-threads" in args else "background"] = pid
+        found["foreground" if b"--foreground" in args else "background"] = pid
     return found
 
 
@@ -139,7 +139,7 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
                                SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
     dep.stop_worker("gpu")  # a bare worker, so nothing consumes the message once handed back
     worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "2", "--background-threads", "1"],
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground", "2", "--background", "1"],
         env=dep.env,
     )
     try:
@@ -159,9 +159,11 @@ def test_a_worker_stopped_by_force_hands_its_unacked_message_back_at_once(launch
     assert broker.hlen("unacked") == 0
 
 
-# A width-1 fleet's worker has 2 foreground and 2 background threads; Celery's
-# own consumer takes one foreground message per foreground thread, no more
-# (workers/prefetch.py), so the rest stay in the queue for any other worker.
+# These tests hold a fleet's processes to TAKEN messages a queue
+# (fleet_held_messages; on the threads pool a width-1 fleet's own sizing, on
+# the gevent pool the bound itself): Celery's own consumer takes that many
+# foreground messages, no more (workers/prefetch.py), so the rest stay in the
+# queue for any other worker.
 TAKEN = 2
 
 RENAME_DOC = {
@@ -172,7 +174,7 @@ RENAME_DOC = {
 
 
 def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redis):
-    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"], fleet_held_messages=TAKEN)
     lane = dep.lane("gpu")
     hold = lane.acquire("interactive", timeout=10)  # the lane is busy: work queues up
     tasks = [dep.client.submit("w", CHAT) for _ in range(TAKEN + 2)]
@@ -200,7 +202,7 @@ def test_a_renamed_pool_keeps_its_fleet_and_its_queued_work(launch, private_redi
 
 
 def test_tasks_handed_back_at_shutdown_keep_their_place_at_the_front_of_the_queue(launch, private_redis):
-    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"], fleet_held_messages=TAKEN)
     broker = redis.Redis.from_url(private_redis)
     lane = dep.lane("gpu")
     hold = lane.acquire("interactive", timeout=10)
@@ -263,7 +265,7 @@ BG_DOC = {
 
 
 def test_background_waits_handed_back_by_restarts_all_run_once(launch, private_redis):
-    dep = launch(BG_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    dep = launch(BG_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"], fleet_held_messages=TAKEN)
     lane = dep.lane("gpu")
     broker = redis.Redis.from_url(private_redis)
     hold = lane.acquire("interactive", timeout=10)
@@ -280,9 +282,9 @@ def test_background_waits_handed_back_by_restarts_all_run_once(launch, private_r
     for task in tasks:
         assert task.get(timeout=60)["model"] == "m"
         assert calls_of(dep, task.id) == ["m"]
-    # The hand-backs' spares come back after their fuse, find their tasks ended and go.
+    # Nothing is left held or queued (a hand-back leaves no spare on Lanes' transport).
     eventually(lambda: broker.hlen("unacked") == 0 and broker.llen("lanes.gpu.background") == 0,
-               timeout=120, what="the spares to be dropped")
+               timeout=120, what="nothing held or queued")
     for task in tasks:
         assert calls_of(dep, task.id) == ["m"]
 
@@ -304,8 +306,9 @@ def test_a_stopping_worker_never_takes_back_what_it_handed_back(launch, private_
         hold.release()
     assert sorted(json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)) == sorted(
         t.id for t in waiting)
-    # Nothing else holds them: kombu's unacked record keeps only each hand-back's spare.
-    assert sorted(json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")) == sorted(t.id for t in waiting)
+    # Nothing else holds them: what a worker takes is recorded in the same step, so a
+    # hand-back leaves no spare record (workers/handback.py).
+    assert broker.hvals("unacked") == []
     assert [[a["outcome"] for a in dep.client.traces.load(t.id)] for t in waiting] == [["cancelled"]] * 2
 
 
@@ -314,7 +317,7 @@ def test_tasks_handed_back_by_a_stopping_worker_survive_its_kill_and_their_taker
                                SimModel(name="quick", capacity=4, service_ms=20.0)], ["gpu"])
     dep.stop_worker("gpu")  # a bare worker, so nothing else consumes the queue
     worker = subprocess.Popen(
-        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground-threads", "4", "--background-threads", "1"],
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu", "--foreground", "4", "--background", "1"],
         env=dep.env,
     )
     broker = redis.Redis.from_url(private_redis)
@@ -340,18 +343,15 @@ def test_tasks_handed_back_by_a_stopping_worker_survive_its_kill_and_their_taker
             worker.wait()
     queued = [json.loads(m)["headers"]["id"] for m in broker.lrange("lanes.gpu", 0, -1)]
     unacked = [json.loads(v)[0]["headers"]["id"] for v in broker.hvals("unacked")]
-    # The handed-back tasks and the late one wait in the queue for the next worker; the
-    # long call's message waits in kombu's unacked record for its visibility timeout,
-    # beside a spare of each handed-back task.
+    # The handed-back tasks and the late one wait in the queue for the next worker (the
+    # late one may have reached the worker before it stopped taking work: handed back
+    # too); the long call's message waits in kombu's unacked record for its lease.
     assert sorted(queued) == sorted(t.id for t in [*short, late])
-    # (the late task may have reached the worker before it stopped taking work: handed back too)
-    assert {long.id, *(t.id for t in short)} <= set(unacked) <= {long.id, late.id, *(t.id for t in short)}
+    assert unacked == [long.id]
 
-    # The next worker to take the handed-back tasks dies between popping and
-    # recording them (kombu pops and records in two steps): their copies are gone.
-    broker.delete("lanes.gpu")
+    # The next worker runs them, each once.
     dep.start_worker("gpu")
     dep.wait_for_workers(["gpu"])
-    for task in short:  # the spares bring them back, and they run once
+    for task in [*short, late]:
         assert task.get(timeout=120)["model"] == "quick"
         assert calls_of(dep, task.id) == ["quick"]

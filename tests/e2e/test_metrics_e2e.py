@@ -22,7 +22,8 @@ from lanes.sim import SimModel
 from tests.e2e.harness import deploy
 from tests.metrics.names import exposed, used_names
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# One test here is the feature's end-to-end path in the fast tier; the rest are slow.
+pytestmark = [pytest.mark.timeout(240)]
 
 CHAT = {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
@@ -77,6 +78,7 @@ def run(fleet, count: int) -> None:
         assert result.get(timeout=60)["model"] == "x"
 
 
+@pytest.mark.slow
 def test_a_fleet_worker_serves_its_counts_and_the_lanes_and_keeps_counting_across_a_restart(fleet):
     fleet.sim.reset()
     run(fleet, 12)
@@ -126,13 +128,14 @@ def test_a_fleet_worker_serves_its_counts_and_the_lanes_and_keeps_counting_acros
     assert one(samples, "lanes_width_changes_total", pool="gpu-x", controller="configured", direction="up") >= 1
 
 
+@pytest.mark.end_to_end
 def test_a_worker_run_without_its_supervisor_serves_its_own_registry(fleet):
     port = free_port()
     env = {**fleet.env, "LANES_METRICS_PORT": str(port)}
     env.pop("PROMETHEUS_MULTIPROC_DIR", None)
     child = subprocess.Popen(
-        [sys.executable, "-m", "workers.main", "--fleet", "gpu-x", "--foreground-threads", "1",
-         "--background-threads", "1", "--hostname", f"standalone-{os.getpid()}@test"], env=env)
+        [sys.executable, "-m", "workers.main", "--fleet", "gpu-x", "--foreground", "1",
+         "--background", "1", "--hostname", f"standalone-{os.getpid()}@test"], env=env)
     try:
         def scraped():
             return scrape(f"http://127.0.0.1:{port}/metrics")

@@ -23,7 +23,8 @@ from tests.e2e.harness import deploy
 from tests.e2e.test_routing_e2e import CHAT, actions, finish
 from tests.polling import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# One test here is the feature's end-to-end path in the fast tier; the rest are slow.
+pytestmark = [pytest.mark.timeout(240)]
 
 FAILOVER = {"latency_budget_ms": 300, "min_samples": 4, "window_samples": 10, "dwell_ms": 400,
             "share_decay": 0.5, "share_step": 0.25, "share_floor": 0.25, "idle_recovery_ms": 0}
@@ -74,11 +75,13 @@ def batch(dep, size: int = 8) -> list[str]:
     return [actions(r)[-1][0] for r in reports]
 
 
+@pytest.mark.end_to_end
 def test_a_slow_primary_loses_its_share_to_the_fallback_and_wins_it_back(dep):
     # The first calls of a fresh deployment pay for cold connections and imports, and on
-    # a busy machine they can breach the budget by that alone; the claim is about a warm one.
-    eventually(lambda: batch(dep) and share(dep) == 1.0, timeout=90, interval=0, what="a warm start at full share")
-    assert set(batch(dep)) == {"slow"} and share(dep) == 1.0
+    # a busy machine a batch can breach the budget by that alone (a hiccup halves the
+    # share); the claim is about a warm primary: a whole batch served by it at full share.
+    eventually(lambda: set(batch(dep)) == {"slow"} and share(dep) == 1.0, timeout=120, interval=0,
+               what="a warm primary serving a whole batch at full share")
 
     dep.sim.configure("slow", ttft_ms=700.0)  # past the 300 ms budget, at runtime
     eventually(lambda: batch(dep) and share(dep) <= 0.25, timeout=90, interval=0, what="the share to fall")
@@ -92,6 +95,7 @@ def test_a_slow_primary_loses_its_share_to_the_fallback_and_wins_it_back(dep):
     assert "increase" in [e.detail["change"] for e in dep.client_events(kind="share_change")]
 
 
+@pytest.mark.slow
 def test_a_capacity_timeout_is_requeued_with_backoff_then_fails_naming_why(dep):
     lane = dep.lane("p-one")
     hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
@@ -105,6 +109,7 @@ def test_a_capacity_timeout_is_requeued_with_backoff_then_fails_naming_why(dep):
     assert actions(report) == [("solo", "wait_timeout")] * 3  # the first run and two requeues
 
 
+@pytest.mark.slow
 def test_a_requeued_task_is_served_once_the_lane_frees(dep):
     lane = dep.lane("p-one")
     hold = lane.acquire(Priority.INTERACTIVE, timeout=5)

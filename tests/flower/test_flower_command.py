@@ -72,3 +72,30 @@ def test_the_flower_config_never_prints_a_password():
 
     assert "hunter2" not in repr(config)
     assert config.tornado_options()["basic_auth"] == ["ops:hunter2"]
+
+
+@pytest.mark.slow
+def test_a_short_or_placeholder_password_is_refused_at_start_naming_the_user_only(env):
+    for logins, words in (("ops:change-me", "shorter than 16"), ("ops:change-me-to-a-long-one", "'change-me'")):
+        done = lanes("flower", "--port", "0", env={**env, "LANES_FLOWER_BASIC_AUTH": logins}, timeout=60)
+        assert done.returncode == 2, done.stderr
+        line = one_line_error(done)
+        assert "'ops'" in line and words in line and logins.split(":")[1] not in line
+
+
+@pytest.mark.slow
+def test_flower_metrics_ask_for_the_login(env):
+    login = "ops:q8Xv2LmT7rN4wKp9"
+    proc = subprocess.Popen([sys.executable, "-m", "lanes.cli", "flower", "--port", "0"],
+                            env={**env, "LANES_FLOWER_BASIC_AUTH": login}, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        port = re.search(r":(\d+)/", line).group(1)
+        base = f"http://127.0.0.1:{port}"
+        assert httpx.get(f"{base}/metrics", timeout=10).status_code == 401
+        assert httpx.get(f"{base}/metrics", auth=("ops", "wrong-password-1234"), timeout=10).status_code == 401
+        served = httpx.get(f"{base}/metrics", auth=tuple(login.split(":")), timeout=10)
+        assert served.status_code == 200 and "flower_" in served.text
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0

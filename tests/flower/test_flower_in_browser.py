@@ -12,6 +12,7 @@ import sys
 import httpx
 import pytest
 
+from lanes.priority import Priority
 from lanes.sim import SimModel
 from tests.cli.conftest import DOC
 from tests.e2e.harness import deploy
@@ -20,7 +21,7 @@ from tests.polling import eventually
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
-LOGIN = ("ops", "s3cret-words")
+LOGIN = ("ops", "s3cret-words-9f2Kq7")
 CHAT = {"messages": [{"role": "user", "content": "private prompt text"}]}
 
 # DOC: "gpu" (width 2) has a worker; "idle" never does, so its backlog only
@@ -47,6 +48,13 @@ def page_text(driver, url: str, *, contains: list[str], timeout: float = 30.0) -
         text = driver.find_element("tag name", "body").text
         return text if all(piece in text for piece in contains) else None
     return eventually(probe, timeout=timeout, interval=1.0, what=f"{contains} on {url}")
+
+
+def full_page_shot(driver, path) -> None:
+    """The whole page (its last rows, the Lane ones, included)."""
+    driver.set_window_size(1400, driver.execute_script("return document.body.scrollHeight") + 200)
+    driver.save_screenshot(str(path))
+    driver.set_window_size(1400, 1000)
 
 
 def test_lanes_show_in_flower_in_a_real_browser(tmp_path, one_redis_url):
@@ -100,14 +108,51 @@ def test_lanes_show_in_flower_in_a_real_browser(tmp_path, one_redis_url):
         driver.save_screenshot(str(shots / "tasks.png"))
         assert "private prompt text" not in listing
 
+        # The Lanes page: every pool of the catalog, with a worker or not.
+        lanes = page_text(driver, base + "/lanes", contains=["gpu", "idle", "no live worker"])
+        driver.save_screenshot(str(shots / "lanes.png"))
+        cells = {row.get_attribute("id"): [td.text for td in row.find_elements("tag name", "td")]
+                 for row in driver.find_elements("css selector", "#lanes-table tbody tr")}
+        gpu, idle = cells["lane-gpu"], cells["lane-idle"]
+        assert gpu[1] == "2" and gpu[2] == "off" and gpu[3] == "0" and gpu[4] == "0 / 0 / 0", gpu
+        assert idle[5] == f"0 / 0 / {len(parked)}", idle  # waiting in the broker, per priority
+        assert idle[7] == "no live worker" and gpu[7].strip() not in ("", "-", "no live worker"), lanes
+        interactive = re.search(r"interactive: (\d+) / (\d+) \((\d+)\)", gpu[6])
+        assert interactive and int(interactive.group(3)) >= len(results), gpu[6]
+        assert int(interactive.group(2)) >= int(interactive.group(1)) and int(interactive.group(2)) >= 100
+        assert "Lanes" in driver.find_element("css selector", "nav").text
+
         hostname = next(name for reply in dep.client.celery.control.ping(timeout=2.0) for name in reply)
-        page_text(driver, f"{base}/worker/{hostname}", contains=["Other"])
+        worker_page = page_text(driver, f"{base}/worker/{hostname}", contains=["Other"])
+        # The fleet sizes its worker from the lane: Flower's pool actions are not offered.
+        for action in ("Grow", "Shrink", "Autoscale", "Restart Pool"):
+            assert action not in worker_page and action not in driver.page_source, action
         driver.find_element("id", "worker-tab-other").click()
         other = eventually(lambda: (t := driver.find_element("id", "tab-other").text) and "lanes" in t and t,
                            timeout=10, interval=0.2, what="the worker's Other tab")
         driver.save_screenshot(str(shots / "worker.png"))
         assert "'gpu': {'width': 2" in other and "'in_flight': 0" in other and "'controller': 'off'" in other
         assert "interactive 0 / user_tool 0 / background 0" in other
+
+        # A waiter revoked through Lanes shows REVOKED, without its Terminate button.
+        dep.sim.configure("m", hang_next=2, hang_s=30.0)
+        holders = [dep.client.submit("chat", CHAT, priority="interactive", deadline=100) for _ in range(2)]
+        eventually(lambda: dep.lane("gpu").stats().in_flight == 2, timeout=60, interval=0.2, what="two holders")
+        waiter = dep.client.submit("chat", CHAT, priority="interactive", deadline=100).id
+        eventually(lambda: dep.lane("gpu").stats().queued.get(Priority.INTERACTIVE, 0) == 1, timeout=60,
+                   interval=0.2, what="the third request waiting in its lane")
+        # The task page tells a task waiting in its lane from one calling its model.
+        waiting = page_text(driver, f"{base}/task/{waiter}", contains=["Lane now", "waiting in lane gpu since"])
+        full_page_shot(driver, shots / "waiting.png")
+        assert "calling model" not in waiting, waiting
+        calling = page_text(driver, f"{base}/task/{holders[0].id}", contains=["calling model m (lane gpu) since"])
+        full_page_shot(driver, shots / "calling.png")
+        assert "waiting in lane" not in calling, calling
+        dep.client.revoke(waiter)
+        page = page_text(driver, f"{base}/task/{waiter}", contains=["REVOKED"], timeout=60)
+        full_page_shot(driver, shots / "revoked.png")
+        assert "Terminate" not in page and "Lane now" not in page, page
+        del holders
     finally:
         if driver is not None:
             driver.quit()

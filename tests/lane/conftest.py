@@ -63,8 +63,8 @@ async def make_async_lane(redis_url):
 
 @pytest.fixture
 def private_redis(tmp_path):
-    """A redis-server of the test's own (no persistence) on a free port."""
-    server = EmbeddedRedis(tmp_path / "private-redis", port=free_port())
+    """A redis-server of the test's own (no persistence: a kill loses its state) on a free port."""
+    server = EmbeddedRedis(tmp_path / "private-redis", port=free_port(), extra_args=("--appendonly", "no"))
     server.ensure()
     yield server
     server.stop()

@@ -6,6 +6,9 @@ threads. Faults, each switchable while traffic flows:
 - ``drop_reply_to(pattern)``: the next command whose bytes contain
   ``pattern`` reaches Redis and runs, but its reply is swallowed (a lost
   reply: the client times out and cannot know whether the command ran);
+- ``cut_mid_reply_to(pattern)``: the reply to the next command whose bytes
+  contain ``pattern`` arrives in part, then the connection closes (a reply
+  lost mid-read: the command ran, its answer cannot be read);
 - ``delay_replies(seconds)``: every reply is held back that long;
 - ``cut()``: every open connection is closed at once (the clients reconnect);
 - ``blackhole(on)``: nothing passes in either direction and new
@@ -34,6 +37,7 @@ class FaultProxy:
         self._lock = threading.Lock()
         self._pairs: list[tuple[socket.socket, socket.socket]] = []
         self._drop_patterns: list[bytes] = []
+        self._cut_patterns: list[bytes] = []
         self._delay = 0.0
         self._blackholed = False
         self.dropped = 0          # replies swallowed so far
@@ -45,6 +49,10 @@ class FaultProxy:
     def drop_reply_to(self, pattern: bytes, times: int = 1) -> None:
         with self._lock:
             self._drop_patterns += [pattern] * times
+
+    def cut_mid_reply_to(self, pattern: bytes) -> None:
+        with self._lock:
+            self._cut_patterns.append(pattern)
 
     def delay_replies(self, seconds: float) -> None:
         self._delay = seconds
@@ -90,7 +98,7 @@ class FaultProxy:
         with self._lock:
             self._pairs.append(pair)
         # Replies to swallow on this connection (set when a matching command passes).
-        state = {"swallow": 0}
+        state = {"swallow": 0, "cut": 0}
         threading.Thread(target=self._pump_up, args=(client, server, state), daemon=True).start()
         threading.Thread(target=self._pump_down, args=(server, client, state), daemon=True).start()
 
@@ -107,6 +115,11 @@ class FaultProxy:
                         if pattern in data:
                             self._drop_patterns.remove(pattern)
                             state["swallow"] += 1
+                            break
+                    for pattern in self._cut_patterns:
+                        if pattern in data:
+                            self._cut_patterns.remove(pattern)
+                            state["cut"] += 1
                             break
                 server.sendall(data)
         except OSError:
@@ -129,6 +142,9 @@ class FaultProxy:
                     continue
                 if self._delay:
                     time.sleep(self._delay)
+                if state["cut"]:
+                    client.sendall(data[:max(1, len(data) // 2)])
+                    break  # the rest never comes: both sides close
                 client.sendall(data)
         except OSError:
             pass

@@ -67,13 +67,14 @@ async def test_async_timeout_cancel_event_and_task_cancellation_hold_nothing(mak
 
 
 async def test_async_holds_are_renewed_and_crashed_holders_reaped(make_async_lane):
-    lane = await make_async_lane(width=1, lease_seconds=0.3)
+    # Leases of a second: the renewals must keep up on a busy machine.
+    lane = await make_async_lane(width=1, lease_seconds=1.0)
     permit = await lane.acquire(I, 1.0)
-    await asyncio.sleep(1.0)
+    await asyncio.sleep(3.0)  # three leases
     permit.check()
-    other = await make_async_lane(width=1, lease_seconds=0.3, provision=False)
+    other = await make_async_lane(width=1, lease_seconds=1.0, provision=False)
     await lane.close()  # this process "dies": its holder stops renewing
-    got = await other.acquire(I, 3.0)  # reaped at lease expiry by the waiter's own hub
+    got = await other.acquire(I, 30.0)  # reaped at lease expiry by the waiter's own hub
     assert got.generation > permit.generation
     await got.release()
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 from lanes import Priority
 from lanes.lane._lua import script_text
 from tests.polling import eventually
@@ -68,6 +70,7 @@ def test_closing_one_lane_tells_the_permits_of_every_lane_on_its_client_they_are
     assert held.release()
 
 
+@pytest.mark.slow
 def test_a_state_from_another_server_with_a_later_clock_never_makes_generations_go_back(make_lane):
     lane = make_lane(width=1)
     before = lane.acquire(I, 1.0)

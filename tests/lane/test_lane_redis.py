@@ -1,5 +1,6 @@
-"""What the lanes' Redis must be: no persistence, no eviction. ``lanes redis
-status`` checks it on a private redis-server of the test's own."""
+"""What each Redis role needs: the lanes no eviction (persistence allowed: they
+detect a restart), the broker and results no eviction and an append-only file.
+``lanes redis status`` checks each role on private redis-servers of the test's own."""
 
 from __future__ import annotations
 
@@ -28,25 +29,48 @@ def persistent_redis(tmp_path):
     server.stop()
 
 
-def status(url: str, tmp_path) -> subprocess.CompletedProcess:
+def status(url: str, tmp_path, **roles: str) -> subprocess.CompletedProcess:
     env = dict(os.environ, LANES_REDIS_URL=url, LANES_STATE_DIR=str(tmp_path / "state"))
+    env.update({f"LANES_{name.upper()}": value for name, value in roles.items()})
     return subprocess.run([sys.executable, "-m", "lanes.cli", "redis", "status"], env=env,
                           capture_output=True, text=True, timeout=60)
 
 
-def test_redis_status_names_each_unsafe_setting_and_fails(persistent_redis, tmp_path):
+def _line(result, name: str) -> str:
+    return next(line for line in result.stdout.splitlines() if line.strip().startswith(name))
+
+
+def test_redis_status_fails_an_evicting_redis_for_every_role(persistent_redis, tmp_path):
     result = status(persistent_redis.url, tmp_path)
     assert result.returncode == 1, result
-    for name in ("maxmemory-policy", "save", "appendonly"):
-        line = next(line for line in result.stdout.splitlines() if line.strip().startswith(name))
-        assert "UNSAFE" in line, line
+    assert "UNSAFE" in _line(result, "maxmemory-policy (lanes)")
+    assert "UNSAFE" in _line(result, "maxmemory-policy (broker and results)")
+    # Persistence itself is what the broker and results need, and the lanes tolerate.
+    assert "UNSAFE" not in _line(result, "persistence (lanes)")
+    assert " ok:" in _line(result, "persistence (broker and results)")
 
 
-def test_redis_status_passes_a_redis_without_persistence_or_eviction(private_redis, tmp_path):
+def test_redis_status_fails_a_broker_and_results_without_persistence(private_redis, tmp_path):
     result = status(private_redis.url, tmp_path)
+    assert result.returncode == 1, result
+    line = _line(result, "persistence (broker and results)")
+    assert "UNSAFE" in line and "appendonly yes" in line and "loses every queued task" in line
+    assert " ok:" in _line(result, "maxmemory-policy (lanes)")
+
+
+@pytest.mark.slow
+def test_redis_status_passes_lanes_apart_from_a_persistent_broker_and_results(private_redis, tmp_path):
+    durable = EmbeddedRedis(tmp_path / "durable", port=free_port())   # the embedded default: AOF, every second
+    durable.ensure()
+    try:
+        result = status(private_redis.url, tmp_path, broker_url=durable.url, result_url=durable.url)
+    finally:
+        durable.stop()
     assert result.returncode == 0, result
-    assert "UNSAFE" not in result.stdout and result.stdout.count(": ok") == 0
-    assert sum(" ok:" in line for line in result.stdout.splitlines()) == 3
+    assert result.stdout.count("redis ") == 2, "two servers, each checked once"
+    assert "lanes: redis" in result.stdout and "broker, results: redis" in result.stdout
+    assert "appendfsync everysec" in _line(result, "persistence (broker and results)")
+    assert "UNSAFE" not in result.stdout
 
 
 def test_redis_status_says_when_redis_does_not_answer(tmp_path):
@@ -63,7 +87,8 @@ def test_a_lane_on_a_persistent_redis_warns_at_first_use(persistent_redis, caplo
         with caplog.at_level(logging.WARNING, logger="lanes.lane"):
             lane.acquire(Priority.INTERACTIVE, 1.0).release()
         messages = " ".join(record.message for record in caplog.records)
-        assert "save is" in messages and "appendonly is" in messages and "maxmemory-policy" in messages
+        # Only the eviction is unsafe for a lane; its persistence is detected at a restart.
+        assert "maxmemory-policy" in messages and "appendonly" not in messages
     finally:
         close_hubs(client)
         client.close()

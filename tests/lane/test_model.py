@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 
+import pytest
 import redis
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -347,6 +348,14 @@ class LaneMachine(RuleBasedStateMachine):
             self.max_width_since = self.model.width
 
 
+# On both Redis servers in the full tier; the fast tier checks the model on the
+# embedded 6.2 (the machine's Redis 7 runs the same Lua in the fast tier's lane tests).
+# The lane's invariants belong in every pre-commit run: 60 examples of up to 50 steps
+# take 7-11 s on 2 cores, past the tier's 8 s, so the test names its own limit.
+@pytest.mark.tier_limit(25)
+@pytest.mark.parametrize(
+    "redis_url", ["embedded", pytest.param("machine", marks=pytest.mark.slow)], indirect=True
+)
 def test_the_lane_matches_its_model(redis_url):
     LaneMachine.url = redis_url
     LaneMachine.TestCase().runTest()

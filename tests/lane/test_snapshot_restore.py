@@ -15,6 +15,8 @@ from lanes import Lane, Priority
 from lanes.lane.hub import close_hubs
 from tests.polling import eventually
 
+pytestmark = pytest.mark.slow   # kills and restarts a private redis-server per test
+
 I = Priority.INTERACTIVE
 LEASE = 5.0   # longer than the restart takes: the holder must survive it
 

@@ -23,5 +23,7 @@ def utc(text: str) -> datetime:
 
 
 def say(engine, chat_id: str, *times: str, text: str = "I moved to Lisbon last week") -> None:
-    """One user message in ``chat_id`` at each of ``times`` (ISO, UTC)."""
-    add_messages(engine, [{"chat_id": chat_id, "at": utc(t), "role": "user", "text": text} for t in times])
+    """One user message in ``chat_id`` at each of ``times`` (ISO, UTC), said as the last of them
+    happens (tests walk clocks past the machine's date)."""
+    at = [t if isinstance(t, datetime) else utc(t) for t in times]
+    add_messages(engine, [{"chat_id": chat_id, "at": t, "role": "user", "text": text} for t in at], now=max(at))

@@ -141,3 +141,29 @@ def test_insert_or_skip_leaves_an_existing_run_alone(memory_engine):
                                      returning=[runs_t.c.chat_id])
     assert [r.chat_id for r in first] == ["a"] and [r.chat_id for r in second] == ["b"]
     assert sorted((r.chat_id, r.status) for r in list_runs(memory_engine)) == [("a", "queued"), ("b", "queued")]
+
+
+def test_a_cap_backlog_older_than_the_retention_window_is_counted_not_dropped_silently(memory_engine):
+    for chat in ("a", "b", "c"):
+        say(memory_engine, chat, "2026-05-10T09:30")
+    first = tick(memory_engine, "2026-05-10T10:02", daily_cap=1, retention_days=2)
+    assert (len(first.created), first.deferred) == (1, 2)
+    # No tick for three days: the two held hours have left the 2-day window.
+    later = tick(memory_engine, "2026-05-13T10:02", daily_cap=1, retention_days=2)
+    assert later.expired == 2 and later.as_dict()["expired_by_retention"] == 2
+    assert [(r.day.isoformat(), r.expired_by_retention) for r in rollups(memory_engine)][0] == ("2026-05-13", 2)
+    # Reported once: the backlog now starts inside the window.
+    assert tick(memory_engine, "2026-05-13T11:02", daily_cap=1, retention_days=2).expired == 0
+
+
+def test_a_late_first_message_of_an_older_hour_is_enqueued_by_the_next_hourly_tick(memory_engine):
+    from lanes.memory import add_messages
+
+    tick(memory_engine, "2026-05-10T12:02")
+    # At 12:30 the history of 09:00 arrives: outside the next tick's two recent hours.
+    add_messages(memory_engine, [{"chat_id": "late", "at": "2026-05-10T09:40:00Z", "role": "user",
+                                  "text": "I start my new job on Monday"}], now=utc("2026-05-10T12:30"))
+    result = tick(memory_engine, "2026-05-10T13:02")
+    assert [(r.chat_id, r.hour) for r in result.created] == [("late", utc("2026-05-10T09:00"))]
+    # The mark is spent: the tick after scans only its recent hours again.
+    assert tick(memory_engine, "2026-05-10T14:02").window.start == utc("2026-05-10T12:00")

@@ -44,7 +44,7 @@ ticks = st.lists(st.tuples(st.integers(0, 72), st.integers(0, 59), st.booleans()
 def test_runs_are_unique_completed_capped_and_complete(engine, history, plan, cap):
     reset(engine)
     add_messages(engine, [{"chat_id": chat, "at": BASE + timedelta(minutes=m), "role": "user", "text": "x"}
-                          for chat, m in history])
+                          for chat, m in history], now=BASE + 73 * HOUR)
     times = sorted(BASE + hours * HOUR + timedelta(minutes=minute) for hours, minute, _ in plan)
     fulls = [full for _, _, full in sorted(plan)]
     for now, full in zip(times, fulls):

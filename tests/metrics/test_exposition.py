@@ -63,6 +63,7 @@ def test_every_family_is_named_before_any_child_wrote(exposition):
         assert (name, "family") in found, name
 
 
+@pytest.mark.slow
 def test_childrens_counts_are_summed_and_a_dead_childs_gauge_is_dropped(exposition):
     url = f"http://127.0.0.1:{exposition.port}/metrics"
     first = child(exposition, 3, 1)

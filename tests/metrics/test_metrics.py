@@ -26,7 +26,8 @@ from lanes.catalog import apply_document, load_routing, open_catalog
 from lanes.catalog.pools import set_pool_width
 from lanes.errors import AcquireCancelled
 from lanes.memory import add_messages, ensure_memory_schema
-from lanes.memory.runs import claim_run, complete_run, enqueue_runs, fail_run
+from lanes.memory.lifecycle import claim_run, complete_run, fail_run
+from lanes.memory.runs import enqueue_runs
 from lanes.metrics import LaneCollector, install, retried_walk, status_class
 from lanes.namespace import Namespace
 from lanes.routing.observers import Attempt
@@ -52,6 +53,8 @@ CONTRACT = {
     "lanes_backend_requests": "counter", "lanes_retries": "counter", "lanes_first_token_seconds": "histogram",
     "lanes_width_changes": "counter", "lanes_memory_gate_engaged": "gauge",
     "lanes_memory_gate_usage_ratio": "gauge", "lanes_memory_runs": "counter",
+    "lanes_lane_collector_up": "gauge", "lanes_events_dropped": "counter",
+    "lanes_handback_possibly_lost": "counter",
 }
 
 
@@ -213,6 +216,7 @@ def test_the_collector_reads_every_pool_and_breaker_from_redis_and_caches_the_re
     assert grants[p] >= 1
     assert sorted(labels["model"] for labels, _ in found["lanes_breaker_state"]) == ["bad", "m", "n"]
     assert found["lanes_lane_config_mismatches"] == []  # no check has run: no sample, not a made-up 0
+    assert found["lanes_lane_collector_up"] == [({}, 1)]
     # The failover share: only workflows with a fallback have one; 1.0 before any request.
     assert found["lanes_failover_share"] == [({"workflow": f"chat-{fleet.tag}"}, 1.0)]
 
@@ -227,12 +231,37 @@ def test_the_collector_reads_every_pool_and_breaker_from_redis_and_caches_the_re
     assert collector.readings == readings + 1
 
 
+@pytest.mark.slow
 def test_a_scrape_with_redis_gone_answers_with_empty_lane_families(fleet):
     gone = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5, socket_timeout=0.5)
     collector = LaneCollector(fleet.settings, gone, fleet.table)
     found = families(collector)
     assert set(found) >= {"lanes_lane_width", "lanes_lane_in_flight", "lanes_breaker_state"}
+    # The lane families are empty (nothing half-read), and the success gauge says why.
+    assert found.pop("lanes_lane_collector_up") == [({}, 0)]
     assert all(samples == [] for samples in found.values())
+
+
+def test_routing_events_dropped_while_redis_refuses_them_are_exported(fillable_redis):
+    from lanes.errors import RedisUnavailable
+    from lanes.routing.events import EventLog
+
+    url, admin = fillable_redis
+    admin.config_set("maxmemory", 1)  # a full no-eviction Redis: every write refused
+    before = value("lanes_events_dropped_total")
+    log = EventLog(redis.Redis.from_url(url, socket_timeout=5), prefix=f"t{uuid.uuid4().hex[:6]}",
+                   max_buffer=3, flush_interval=3600)  # only this test flushes
+    try:
+        for n in range(10):
+            log.record("lane_wait", pool="p", n=n)
+        with pytest.raises(RedisUnavailable):
+            log.flush()
+        assert log.dropped >= 7  # never more than three kept in the process
+        assert value("lanes_events_dropped_total") - before == log.dropped
+    finally:
+        log.enabled = False
+        admin.config_set("maxmemory", 0)
+        log.close()
 
 
 def test_install_registers_once_and_the_default_exposition_names_every_contract_family(fleet, one_redis_url):
@@ -291,10 +320,9 @@ def test_memory_runs_are_counted_by_the_status_they_enter(tmp_path):
                            retention_days=7, daily_cap=100).created
     assert len(created) == 3
     now = datetime(2026, 1, 5, 12, 6, tzinfo=timezone.utc)
-    for run in created:
-        claim_run(engine, run.id, now=now)
-    complete_run(engine, created[0].id, ["moved"], now=now)
-    fail_run(engine, created[1].id, "gave up", now=now)
+    claims = [claim_run(engine, run.id, now=now, lease_seconds=60).claim for run in created]
+    complete_run(engine, created[0].id, ["moved"], claim=claims[0], now=now)
+    fail_run(engine, created[1].id, "gave up", claim=claims[1], now=now)
     after = {s: value("lanes_memory_runs_total", status=s) - before[s] for s in before}
     assert after == {"queued": 3, "running": 3, "done": 1, "failed": 1}
     engine.dispose()

@@ -47,6 +47,48 @@ def test_a_chat_is_streamed_and_assembled_with_its_first_token_time(sim, client)
     assert answer.chunks >= 1
 
 
+def test_a_streamed_answer_leaves_its_connection_to_the_next_call(sim, client):
+    # Its body read to the end after [DONE]: a body left unread closed the
+    # connection, and every call paid a new one (lookup, connect, close).
+    used = set()
+    for _ in range(3):
+        answer = client.call(model(sim, "fast"), {"messages": [{"role": "user", "content": "hi"}]}, timeout=10)
+        assert answer.body["choices"][0]["message"]["content"]
+        kept = client.connections()
+        assert [connection.is_idle() for connection in kept] == [True]
+        used.add(id(kept[0]))
+    assert len(used) == 1, "a new connection per call"
+
+
+def test_calls_at_once_each_get_a_connection_up_to_the_bound_and_keep_it(sim):
+    # httpcore's pool looks at every connection it keeps whenever a request
+    # starts or ends: kept connections are cheap only in small pools.
+    bound = 6
+    client = BackendClient(max_connections=bound)
+    sim.configure("fast", capacity=bound + 2, service_ms=1000.0)  # all at once
+
+    def calls(n: int) -> None:
+        threads = [threading.Thread(target=client.call, args=(model(sim, "fast"), {"messages": []}),
+                                    kwargs={"timeout": 10}) for _ in range(n)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+
+    try:
+        calls(bound)
+        kept = {id(c) for c in client.connections()}
+        assert len(kept) == bound and all(len(s.http._transport._pool.connections) <= 1 for s in client._shards)
+        calls(bound)  # the same connections again
+        assert {id(c) for c in client.connections()} == kept
+        calls(bound + 2)  # past the bound: two wait for a connection, none is added
+        assert len(client._shards) == bound and len(client.connections()) == bound
+        assert [shard.calls for shard in client._shards] == [0] * bound and len(client._free) == bound
+    finally:
+        sim.configure("fast", capacity=4, service_ms=5.0)
+        client.close()
+
+
 def test_embeddings_are_returned_as_the_backend_sent_them(sim, client):
     answer = client.call(model(sim, "emb", kind="embedding"), {"input": ["a", "b", "c"]}, timeout=10)
     assert len(answer.body["data"]) == 3
@@ -272,9 +314,13 @@ def test_an_error_inside_a_streamed_2xx_keeps_an_overload_status(client, code, s
 def held_stream_backend(body: bytes, before_answer):
     """A backend that runs ``before_answer()`` once the request is in, then
     sends ``body`` as one chunk of an event stream and holds the connection
-    open (no end of the stream), so a reader can only end it by [DONE] or by
-    shutting the connection."""
+    open (no end of the stream) until the test is done with it, so a reader
+    can only end it by [DONE] or by shutting the connection. Yields the
+    model and an event set when the backend closes: a call that returns
+    before it is set did not wait for the close, however slow the machine."""
     from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    release, closed = threading.Event(), threading.Event()
 
     class Backend(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -286,7 +332,8 @@ def held_stream_backend(body: bytes, before_answer):
                     + f"{len(body):x}\r\n".encode() + body + b"\r\n")
             self.wfile.write(head)  # one write: the answer arrives with the headers
             self.wfile.flush()
-            time.sleep(3.0)
+            release.wait(60.0)
+            closed.set()
             self.close_connection = True
 
         def log_message(self, *args):
@@ -297,8 +344,9 @@ def held_stream_backend(body: bytes, before_answer):
     threading.Thread(target=server.serve_forever, daemon=True).start()
     try:
         yield ModelInfo(name="h", base_url=f"http://127.0.0.1:{server.server_port}/v1", kind="chat", pool=None,
-                        service=None, timeout_seconds=5.0, api_key_env=None)
+                        service=None, timeout_seconds=5.0, api_key_env=None), closed
     finally:
+        release.set()
         server.shutdown()
 
 
@@ -309,16 +357,51 @@ def test_a_call_asked_back_after_its_whole_answer_arrived_is_served(client):
     # The backend finished the work: throwing the answer away would make the
     # walk call it a second time for the same task.
     stop = Stop()
-    with held_stream_backend(ANSWER + b"data: [DONE]\n\n", stop.stop) as hosted:
-        started = time.monotonic()
-        answer = client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5, abort=stop)
+    with held_stream_backend(ANSWER + b"data: [DONE]\n\n", stop.stop) as (hosted, closed):
+        answer = client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=30, abort=stop)
+        assert not closed.is_set(), "read to [DONE], not to the backend's close"
     assert answer.body["choices"][0]["message"]["content"] == "done"
-    assert stop.stopping and time.monotonic() - started < 2.0, "read to [DONE], not to the backend's close"
+    assert stop.stopping
 
 
 def test_a_call_asked_back_before_its_answer_ended_is_cut_at_the_end_of_what_arrived(client):
     stop = Stop()
-    with held_stream_backend(ANSWER, stop.stop) as hosted, pytest.raises(LeaseLost):
+    with held_stream_backend(ANSWER, stop.stop) as (hosted, closed):
+        with pytest.raises(LeaseLost):
+            client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=30, abort=stop)
+        assert not closed.is_set(), "the shut connection ended the read, not the backend's close"
+
+
+def test_a_finishing_calls_short_read_limit_is_its_own_thread_only():
+    # Its answer's end read, the connection is back in the pool before the
+    # finishing thread takes the limit off: the next call on it must not read
+    # under that limit (it would time out before its first token).
+    import socket
+
+    import httpcore
+
+    server = socket.create_server(("127.0.0.1", 0))
+    try:
+        stream = backend_module._SteppingStream(
+            httpcore.SyncBackend().connect_tcp("127.0.0.1", server.getsockname()[1], timeout=5))
+        stream.limit_reads(0.05)
         started = time.monotonic()
-        client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5, abort=stop)
-    assert time.monotonic() - started < 2.0, "the shut connection ended the read, not the backend's close"
+        with pytest.raises(httpcore.ReadTimeout):
+            stream.read(10, timeout=5.0)
+        assert time.monotonic() - started < 1.0  # this thread: the short limit
+        waited = []
+
+        def next_call():
+            started = time.monotonic()
+            with pytest.raises(httpcore.ReadTimeout):
+                stream.read(10, timeout=0.5)
+            waited.append(time.monotonic() - started)
+
+        other = threading.Thread(target=next_call)
+        other.start()
+        other.join()
+        assert waited and waited[0] >= 0.45, waited  # another thread: its own limit
+        stream.limit_reads(None)
+        stream.close()
+    finally:
+        server.close()

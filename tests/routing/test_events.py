@@ -1,11 +1,13 @@
 """The routing event log: batched writes, capped length, filters."""
 
+import threading
 import time
 
 import redis
 
 from lanes.embedded import EmbeddedRedis
 from lanes.routing.events import EventLog
+from tests.lane.faultproxy import FaultProxy
 from tests.polling import eventually
 
 
@@ -22,6 +24,33 @@ def test_events_are_written_in_the_background_and_listed_newest_first(one_redis_
     assert [e.pool for e in log.list(kind="lane_wait")] == ["p1"]
     assert [e.kind for e in log.list(pool="p2")] == ["lane_bypass"]
     log.close()
+
+
+def test_a_flush_that_returns_has_written_what_the_background_flusher_was_writing(tmp_path):
+    # The background flusher takes the buffer and writes it over a silent link; a flush
+    # called meanwhile finds the buffer empty, and must still return only once those
+    # events are in the stream (a reader right after it saw none).
+    server = EmbeddedRedis(tmp_path / "redis")
+    server.ensure()
+    proxy = FaultProxy("127.0.0.1", server.port)
+    try:
+        client = redis.Redis.from_url(proxy.url(0))
+        client.ping()  # connected before the link goes silent
+        log = EventLog(client, prefix="lanes:test", flush_interval=3600)
+        log.record("share_change", workflow="w", change="held")
+        proxy.blackhole(True)  # the other flush's write is held on its way to Redis
+        background = threading.Thread(target=log.flush)
+        background.start()
+        eventually(lambda: not log._buffer, timeout=5, interval=0.005, what="the batch taken by the other flush")
+        threading.Timer(0.5, proxy.blackhole, args=(False,)).start()
+        log.flush()
+        direct = EventLog(redis.Redis.from_url(server.url), prefix="lanes:test")
+        assert [e.detail["change"] for e in direct.list(kind="share_change")] == ["held"]
+        background.join(5)
+        log.close()
+    finally:
+        proxy.close()
+        server.stop()
 
 
 def test_the_log_is_capped(one_redis_url):

@@ -66,10 +66,12 @@ def shares(client, clock, events):
 
 
 def attempt(r: WorkflowRoute, generation: int | None, *, ttft: float | None = None, status: int | None = None,
-            outcome: str = "served", no_first_token_by: float | None = None, model_name: str | None = None) -> Attempt:
+            outcome: str = "served", no_first_token_by: float | None = None, model_name: str | None = None,
+            stream_status: int | None = None) -> Attempt:
     return Attempt(workflow=r.name, model=model_name or r.candidates[0].name, pool=None, pool_id=None,
                    priority=Priority.INTERACTIVE, outcome=outcome, status=status, ttft_seconds=ttft,
-                   share_generation=generation, no_first_token_by=no_first_token_by)
+                   share_generation=generation, no_first_token_by=no_first_token_by,
+                   **({} if stream_status is None else {"stream_status": stream_status}))
 
 
 def feed(shares: ShareController, r: WorkflowRoute, kinds: str, generation: int | None = None) -> None:
@@ -236,6 +238,7 @@ def test_one_breach_in_20_holds_and_one_in_5_cuts(shares):
     assert share_of(shares, cuts) == pytest.approx(0.8)
 
 
+@pytest.mark.slow
 def test_load_dependent_latency_converges_and_recovers_after_a_capacity_step(shares, clock):
     """A primary whose first token is late once its load passes its capacity.
 
@@ -345,6 +348,82 @@ def test_the_script_opens_with_a_header_and_answers_directly(client):
     keys = list(Namespace(PREFIX).share("direct"))
     params = ["0.05", "0.8", "0.05", "0.1", "0.03", "100", "20", "30000", "300000"]
     started = script(keys=keys, args=["tick", "sig", 1000, *params])
-    assert started == [b"1", 1, b"started", b"1", 0, 0]
+    assert started == [b"1", 1, b"started", b"1", 0, 0, 0, 0]
     assert script(keys=keys, args=["record", "sig", 1001, *params, "1", 0])[2] == b"stale"
-    assert script(keys=keys, args=["record", "sig", 1002, *params, "1", 1])[4:] == [1, 1]
+    assert script(keys=keys, args=["record", "sig", 1002, *params, "1", 1])[4:] == [1, 1, 1, 1]
+    for at in range(1003, 1021):
+        script(keys=keys, args=["record", "sig", at, *params, "1", 1])
+    # The twentieth breach decides: the window is emptied, the reply names the one decided on
+    decreased = script(keys=keys, args=["record", "sig", 1021, *params, "1", 1])
+    assert decreased[2] == b"decrease" and decreased[4:] == [0, 0, 20, 20]
+    # The breaker holds the primary back: held once, then nothing more to say
+    assert script(keys=keys, args=["blocked", "sig", 1022, *params])[2] == b"held"
+    assert script(keys=keys, args=["blocked", "sig", 1023, *params])[2] == b""
+
+
+# --- an outage, the events, the identity, the classification (issue 37) -------------------
+
+
+def test_a_decrease_event_reports_the_window_it_decided_on(shares, events):
+    r = route()
+    feed(shares, r, "hhhhb" * 2 + "bbbbbbbbbb")  # 12 breaches in 20
+    events.flush()
+    decrease = [e for e in events.list(kind="share_change") if e.detail["change"] == "decrease"]
+    assert len(decrease) == 1
+    assert decrease[0].detail["samples"] == 20 and decrease[0].detail["breach_rate"] == pytest.approx(0.6)
+    assert shares.store.read(r.name).samples == 0  # the window itself starts afresh
+
+
+def test_a_resumed_controller_no_longer_says_parked(shares):
+    r = route()
+    feed(shares, r, "b" * 20)
+    shares.follow(RoutingTable(2, {r.name: route(candidates=("a",))}, {}, {}))
+    assert shares.store.read(r.name).decision == "parked"
+    shares.choose(r)
+    state = shares.store.read(r.name)
+    assert not state.parked and state.decision == "resumed"
+
+
+def test_another_key_for_the_primary_retires_the_controller(shares, events):
+    import dataclasses
+
+    r = route()
+    feed(shares, r, "b" * 20)
+    keyed = dataclasses.replace(r, candidates=(dataclasses.replace(r.candidates[0], api_key_env="OTHER_KEY"),
+                                               *r.candidates[1:]))
+    assert shares.choose(r).share == pytest.approx(0.8)
+    assert shares.choose(keyed).share == 1.0
+    events.flush()
+    assert [e.detail["change"] for e in events.list(kind="share_change")].count("retired") == 1
+
+
+@pytest.mark.parametrize(("fields", "statuses", "expected"), [
+    (dict(outcome="failed", stream_status=504, status=504), (504,), BREACH),  # listed 5xx inside a stream
+    (dict(outcome="failed", stream_status=408), (408, 529), BREACH),  # listed 4xx inside a stream
+    (dict(outcome="failed", stream_status=408), (429, 503, 529), UNKNOWN),  # not listed
+    (dict(outcome="failed", ttft=0.3, status=500), (429, 503, 529), HEALTHY),  # failed after a prompt first token
+    (dict(outcome="failed", ttft=12.0, status=500), (429, 503, 529), BREACH),  # failed after a late first token
+    (dict(outcome="timeout", ttft=0.4), (429, 503, 529), HEALTHY),  # silent after a prompt first token
+])
+def test_other_overload_statuses_mid_stream_and_failures_after_the_first_token_are_judged(fields, statuses, expected):
+    params = FailoverParams(overload_statuses=statuses)
+    assert classify(attempt(route(failover=params), 1, **fields), params) == expected
+
+
+def test_the_backend_client_keeps_a_streamed_code_and_the_first_token_of_a_failed_stream():
+    import json
+
+    from lanes.errors import BackendError
+    from lanes.routing.backend import BackendClient
+    from tests.routing.test_backend import stream_backend
+
+    error = json.dumps({"error": {"message": "busy", "code": 408}}).encode()
+    body = b'data: {"choices": [{"delta": {"content": "o"}}]}\n\ndata: ' + error + b"\n\ndata: [DONE]\n\n"
+    client = BackendClient()
+    try:
+        with stream_backend(body) as hosted, pytest.raises(BackendError) as caught:
+            client.call(hosted, {"messages": [{"role": "user", "content": "x"}]}, timeout=5)
+    finally:
+        client.close()
+    assert caught.value.stream_status == 408 and caught.value.status is None
+    assert caught.value.ttft_seconds is not None and 0 <= caught.value.ttft_seconds < 5

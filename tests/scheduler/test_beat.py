@@ -9,6 +9,7 @@ import subprocess
 import sys
 from datetime import timedelta
 
+import pytest
 import redis
 import sqlalchemy as sa
 
@@ -62,6 +63,7 @@ def start_beat(env: dict) -> subprocess.Popen:
                             start_new_session=True)
 
 
+@pytest.mark.slow
 def test_two_beats_racing_one_runs_the_other_takes_over_only_when_it_dies(postgres_url, one_redis_url, tmp_path):
     engine = make_engine(postgres_url)
     ensure_memory_schema(engine)
@@ -118,3 +120,41 @@ def test_two_beats_racing_one_runs_the_other_takes_over_only_when_it_dies(postgr
                 os.killpg(proc.pid, signal.SIGKILL)
         client.close()
         engine.dispose()
+
+
+@pytest.mark.slow
+def test_the_lane_check_poll_runs_every_ten_seconds_without_a_log_line_each_time(sqlite_url, one_redis_url, tmp_path):
+    # It used to log "Sending due task lane-check" every 10 s: 8,640 lines a day.
+    import json
+
+    engine = make_engine(sqlite_url)
+    ensure_memory_schema(engine)
+    engine.dispose()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("LANES_") or k.startswith("LANES_TEST_")}
+    env.update(LANES_REDIS_URL=one_redis_url, LANES_DATABASE_URL=sqlite_url,
+               LANES_STATE_DIR=str(tmp_path / "state"), LANES_BEAT_LOCK_SECONDS="5")
+    log_path = tmp_path / "beat.log"
+    client = redis.Redis.from_url(one_redis_url)
+    entry_key = f"{Namespace('lanes:v2').beat_prefix}lane-check"
+
+    def lane_check_runs() -> set:
+        meta = client.hget(entry_key, "meta")
+        # Each run writes the entry's meta anew (its last run time).
+        return {json.loads(meta)["last_run_at"] and meta} - {None} if meta else set()
+
+    seen: set = set()
+    proc = subprocess.Popen([sys.executable, "-m", "scheduler.main", "--loglevel", "INFO"], env=env,
+                            stderr=open(log_path, "w"), start_new_session=True)
+    try:
+        def two_runs() -> bool:
+            seen.update(lane_check_runs())
+            return len(seen) >= 3  # the entry stored, then two runs
+
+        eventually(two_runs, timeout=90, interval=0.5, what="two runs of the lane-check entry")
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(30)
+        client.close()
+    text = log_path.read_text()
+    assert "active: start-up scan" in text
+    assert "Sending due task lane-check" not in text and "Traceback" not in text

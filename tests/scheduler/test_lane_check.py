@@ -5,12 +5,13 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
 import redis
 import sqlalchemy as sa
 
 from lanes.catalog import apply_document, load_routing, make_engine, recent_events
 from lanes.catalog.migrate import ensure_schema
-from lanes.lanecheck import EVENT_KIND, MismatchLog, check_lanes, readiness_detail
+from lanes.ops.lanecheck import EVENT_KIND, MismatchLog, check_lanes, readiness_detail
 from lanes.routing.runtime import pool_lane
 from lanes.settings import Settings
 from lanes.sim import SimModel, Simulator
@@ -119,6 +120,7 @@ def test_a_controller_past_the_services_sum_is_reported_from_the_live_width(db_u
     engine.dispose()
 
 
+@pytest.mark.slow  # a few seconds of waiting; the fast tier keeps to its 8 minutes
 def test_the_readiness_detail_never_fails_even_when_redis_is_gone():
     gone = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.5)
     detail = readiness_detail(gone, prefix="lanes:v2")
@@ -164,4 +166,83 @@ def test_lanes_check_prints_the_report_and_exits_1_on_a_mismatch_0_when_clean(sq
     unreachable = check()
     assert unreachable.returncode == 3 and len(unreachable.stderr.splitlines()) == 1
     assert "farm limits at http://127.0.0.1:1/farm/services did not answer" in unreachable.stderr
+    engine.dispose()
+
+
+@pytest.mark.slow
+def test_lanes_check_exits_2_for_an_unreadable_farm_answer_not_1_the_code_of_a_mismatch(sqlite_url, tmp_path):
+    engine = make_engine(sqlite_url)
+    ensure_schema(engine)
+    apply_document(engine, document())
+    engine.dispose()
+    with Simulator([SimModel(name="m0", capacity=3)], port=0) as sim:
+        env = {"LANES_DATABASE_URL": sqlite_url, "LANES_STATE_DIR": str(tmp_path / "state"), "PATH": "/usr/bin:/bin"}
+        root = sim.base_url.removesuffix("/v1")
+        codes = {}
+        # Not JSON (the simulator's metrics text), and JSON that is not a map of limits.
+        for name, url in (("text", f"{root}/metrics"), ("json", f"{root}/v1/models")):
+            env["LANES_FARM_LIMITS_URL"] = url
+            result = subprocess.run([sys.executable, "-m", "lanes.cli", "check", "--no-redis"], env=env,
+                                    capture_output=True, text=True, timeout=60)
+            codes[name] = result.returncode
+            assert "Traceback" not in result.stderr and "farm limit" in result.stderr, result.stderr
+    assert codes == {"text": 2, "json": 2}
+
+
+def test_a_narrow_lane_is_reported_with_advice_that_fits_its_pool(db_url, one_redis_url, tmp_path):
+    engine, settings, client = setup(db_url, one_redis_url, tmp_path)
+    # gpu0 (no controller) runs 3 of s0's 4; gpu1 (a controller, ceiling 1) can never reach s1's 2.
+    doc = document(widths={"gpu0": 3, "gpu1": 1})
+    doc["pools"][1].update(floor=1, ceiling=1, controller={"kind": "overload"})
+    apply_document(engine, doc)
+    report = run_check(engine, settings, client)
+    found = {m.key: m.message for m in report.mismatches}
+    assert set(found) == {"pool_under_services:gpu0", "pool_under_services:gpu1"}
+    assert found["pool_under_services:gpu0"].endswith("raise its width to 4")
+    assert "raise the ceiling to 2" in found["pool_under_services:gpu1"]
+    assert "ceiling" not in found["pool_under_services:gpu0"]
+    engine.dispose()
+
+
+def test_a_live_width_past_the_services_of_a_pool_without_a_controller_advises_no_ceiling(db_url, one_redis_url,
+                                                                                          tmp_path):
+    engine, settings, client = setup(db_url, one_redis_url, tmp_path)
+    apply_document(engine, document())
+    lane = pool_lane(client, settings, load_routing(engine).pools["gpu0"])
+    lane.provision()
+    lane.resize(7)  # set by hand: no controller moves gpu0
+    (mismatch,) = run_check(engine, settings, client).mismatches
+    assert mismatch.kind == "controller_over_services"
+    assert "ceiling" not in mismatch.message and "set it back to 4" in mismatch.message
+    engine.dispose()
+
+
+def test_a_fleet_supervisor_checks_the_lane_config_at_its_start_and_on_every_reload(isolated_env, one_redis_url,
+                                                                                    monkeypatch):
+    # Seed 004: not only the active beat; every process checks at start and on reload.
+    import threading
+
+    from lanes.catalog import open_catalog
+    from lanes.settings import load_settings
+    from tests.polling import eventually
+    from workers.supervisor import FleetSupervisor
+
+    monkeypatch.setenv("LANES_REDIS_URL", one_redis_url)
+    settings = load_settings()
+    engine = open_catalog(settings)
+    apply_document(engine, document(widths={"gpu0": 6}))
+    said: list[str] = []
+    supervisor = FleetSupervisor(settings, "gpu0", poll_seconds=0.2, echo=said.append)
+    thread = threading.Thread(target=supervisor.run)
+    thread.start()
+    try:
+        eventually(lambda: any(line.startswith("lane config (fleet gpu0 start): pool 'gpu0' has width 6")
+                               for line in said), timeout=60, what="the check at start")
+        apply_document(engine, document(widths={"gpu0": 4, "gpu1": 1}))
+        eventually(lambda: any(line.startswith("lane config (fleet gpu0 reload): pool 'gpu1' is narrower")
+                               for line in said), timeout=60, what="the check on reload")
+    finally:
+        supervisor.stop()
+        thread.join(90)
+    assert ("cleared", "pool_over_services:gpu0") in transitions(engine)
     engine.dispose()

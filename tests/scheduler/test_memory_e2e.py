@@ -15,13 +15,15 @@ import pytest
 from lanes import Priority
 from lanes.memory import add_messages, enqueue_runs, ensure_memory_schema, list_runs, notes_of
 from lanes.memory.dispatch import dispatch_runs, enqueue_and_dispatch
+from lanes.memory.lifecycle import retry_failed
 from lanes.memory.tables import runs_t
 from lanes.routing.trace import TraceStore
 from lanes.sim import SimModel
 from tests.e2e.harness import deploy
 from tests.polling import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# One test here is the feature's end-to-end path in the fast tier; the rest are slow.
+pytestmark = [pytest.mark.timeout(240)]
 
 DOCUMENT = {
     "pools": [{"name": "utility", "width": 1}],
@@ -47,7 +49,7 @@ def history(engine, chats: int) -> None:
 
 def start_memory_worker(deployment, concurrency: int, **env) -> subprocess.Popen:
     full_env = {**deployment.env, **{f"LANES_{k.upper()}": str(v) for k, v in env.items()}}
-    return subprocess.Popen([sys.executable, "-m", "workers.memory", "--concurrency", str(concurrency)],
+    return subprocess.Popen([sys.executable, "-m", "workers.memory.worker", "--concurrency", str(concurrency)],
                             env=full_env)
 
 
@@ -73,6 +75,7 @@ def statuses(engine) -> dict[str, str]:
     return {r.chat_id: r.status for r in list_runs(engine, limit=1000)}
 
 
+@pytest.mark.end_to_end
 def test_memory_runs_wait_behind_interactive_work_then_store_their_notes_once(memory_deployment):
     deployment, workers = memory_deployment
     engine, settings = deployment.client.engine, deployment.settings
@@ -81,7 +84,9 @@ def test_memory_runs_wait_behind_interactive_work_then_store_their_notes_once(me
     lane = deployment.lane("utility")
     blocker = lane.acquire(Priority.INTERACTIVE, timeout=5)
     workers.append(start_memory_worker(deployment, 3))
-    result, task_ids = enqueue_and_dispatch(engine, deployment.client.celery, settings, now=NOW, full=False)
+    result, dispatched = enqueue_and_dispatch(engine, deployment.client.celery, settings,
+                                              client=deployment.client.redis, now=NOW, full=False)
+    task_ids = dispatched.sent
     assert len(result.created) == 3
     eventually(lambda: lane.stats().queued[Priority.BACKGROUND] == 3, timeout=60, what="3 memory runs in the lane")
     interactive = deployment.client.submit("chat", {"messages": [{"role": "user", "content": "hi"}]})
@@ -110,22 +115,42 @@ def test_memory_runs_wait_behind_interactive_work_then_store_their_notes_once(me
     assert enqueue_runs(engine, now=NOW, full=True, retention_days=7, daily_cap=100).created == []
 
 
+@pytest.mark.slow
 def test_a_failing_run_is_retried_with_backoff_then_failed_with_its_error(memory_deployment):
     deployment, workers = memory_deployment
     engine, settings = deployment.client.engine, deployment.settings
     history(engine, 1)
     deployment.sim.configure("utility-14b", down=True)
     workers.append(start_memory_worker(deployment, 1, memory_retry_seconds=0.2, memory_max_attempts=3))
-    enqueue_and_dispatch(engine, deployment.client.celery, settings, now=NOW, full=False)
+    enqueue_and_dispatch(engine, deployment.client.celery, settings, client=deployment.client.redis, now=NOW,
+                         full=False)
     eventually(lambda: statuses(engine) == {"chat-0": "failed"}, timeout=90, what="the run failed")
     run = list_runs(engine)[0]
     assert run.attempts == 3
     assert "503" in run.error or "utility-14b" in run.error
     assert notes_of(engine, "chat-0") == []
-    # The backend is back: a rerun of the failed hour completes.
+    # The backend is back: `lanes memory retry`'s step queues the failed hour again.
     deployment.sim.configure("utility-14b", down=False)
-    with engine.begin() as conn:
-        conn.execute(runs_t.update().where(runs_t.c.id == run.id).values(status="queued", attempts=0))
+    assert [r.id for r in retry_failed(engine, now=NOW)] == [run.id]
     dispatch_runs(deployment.client.celery, [run.id])
     eventually(lambda: statuses(engine) == {"chat-0": "done"}, timeout=60, what="the rerun done")
+    assert len(notes_of(engine, "chat-0")) == 2
+
+
+@pytest.mark.slow
+def test_three_deliveries_of_one_run_at_once_call_the_backend_once(memory_deployment):
+    # Copies of one run's message (a re-send, a redelivery) reach three worker threads together.
+    deployment, workers = memory_deployment
+    engine, settings = deployment.client.engine, deployment.settings
+    history(engine, 1)
+    deployment.sim.configure("utility-14b", service_ms=1500.0)  # long enough for the copies to overlap
+    result = enqueue_runs(engine, now=NOW, full=False, retention_days=7, daily_cap=100)
+    run_id = result.created[0].id
+    before = len(deployment.sim.calls())
+    dispatch_runs(deployment.client.celery, [run_id, run_id, run_id])
+    workers.append(start_memory_worker(deployment, 3))
+    eventually(lambda: statuses(engine) == {"chat-0": "done"}, timeout=90, what="the run done")
+    run = list_runs(engine)[0]
+    assert run.attempts == 1
+    assert len(deployment.sim.calls()) - before == 1
     assert len(notes_of(engine, "chat-0")) == 2

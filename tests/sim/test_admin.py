@@ -85,6 +85,7 @@ def test_a_hung_request_holds_its_slot_until_the_client_gives_up(start_sim):
     assert post(sim).status_code == 200
 
 
+@pytest.mark.slow
 async def test_reset_zeroes_counters_and_restarts_peaks_from_now(start_sim):
     # Slow enough that nothing ends before the reset, even on a loaded machine.
     sim = start_sim(SimModel(name="m", capacity=1, service_ms=4_000))

@@ -129,7 +129,12 @@ def test_model_specs_are_served_on_the_main_port():
         (["--model", "m:1", "--reject-status", "200"], "reject_status 200"),
         (["--model", "m:1", "--replicas", "0"], "replicas 0"),
         (["--model", "m:1", "--kv-blocks", "0"], "kv_blocks 0"),
-        (["--model", "m:1", "--max-num-queued-reqs", "0"], "max_num_queued_reqs 0"),
+        (["--model", "m:1", "--max-num-queued-reqs", "-1"], "max_num_queued_reqs -1"),
+        (["--model", "m:1", "--max-num-queued-reqs", "4", "--metrics-flavor", "legacy"],
+         "need metrics_flavor 'current'"),
+        (["--model", "m:1", "--gateway-kv-threshold", "2"], "gateway_kv_threshold 2.0"),
+        (["--model", "m:1", "--exit-after-death-s", "-1"], "exit_after_death_s -1.0"),
+        (["--model", "m:1", "--max-model-len", "0"], "max_model_len 0"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, message):
@@ -171,7 +176,8 @@ def test_help_shows_how_to_change_a_model_at_runtime():
 def test_the_help_examples_work_against_a_running_simulator():
     port = free_port()
     process, _ = start_process("--port", str(port), "--model", "chat-small:1:0", "--replicas", "2", "--data-parallel",
-                               "--metrics-flavor", "0.9.2-0.10", "--metrics-lag-s", "0")
+                               "--metrics-flavor", "0.9.2-0.11", "--metrics-lag-s", "0",
+                               "--keep-alive-on-engine-death")
     admin = f"http://127.0.0.1:{port}/admin/models/chat-small"
     try:
         # as curl sends it: form content type, JSON body

@@ -43,8 +43,12 @@ class Clock:
             self.core.advance(self.now)
 
 
+# A plain law for exact times: 10 ms a step, nothing per sequence, context or prompt token.
+LAW = dict(per_token_ms=10.0, per_seq_ms=0.0, context_ms_per_1k=0.0, prefill_ms_per_token=0.0, ttft_ms=0.0)
+
+
 def engine(**settings) -> tuple[EngineCore, Clock]:
-    model = SimModel(name="m", **settings)
+    model = SimModel(name="m", **{**LAW, **settings})
     core = EngineCore(model, new_rng(model))
     return core, Clock(core)
 
@@ -55,7 +59,7 @@ def chat(prompt: int = 2, tokens: int = 4, defer_s: float = 0.0) -> SimRequest:
 
 
 def test_a_short_prompt_on_an_idle_engine_takes_ttft_then_a_step_per_token():
-    core, clock = engine(ttft_ms=50, per_token_ms=10, knee_slowdown=0, prefill_ms_per_token=0, context_ms_per_1k=0)
+    core, clock = engine(ttft_ms=40)  # a prefill step: 10 + 40 ms
     request = clock.add(chat(tokens=5))
     clock.run()
     assert request.first_token_at == pytest.approx(0.05)
@@ -66,7 +70,7 @@ def test_a_short_prompt_on_an_idle_engine_takes_ttft_then_a_step_per_token():
 def test_ttft_grows_with_the_prompt_and_its_chunks_of_the_step_budget():
     ttfts = {}
     for prompt in (100, 8000, 20000):
-        core, clock = engine(kv_blocks=4096, max_num_batched_tokens=8192, knee_slowdown=0)
+        core, clock = engine(kv_blocks=4096, max_num_batched_tokens=8192, ttft_ms=40, prefill_ms_per_token=0.02)
         request = clock.add(chat(prompt=prompt))
         clock.run()
         ttfts[prompt] = request.first_token_at
@@ -77,7 +81,7 @@ def test_ttft_grows_with_the_prompt_and_its_chunks_of_the_step_budget():
 
 
 def test_ttft_includes_the_queue_and_queue_time_is_recorded_at_finish():
-    core, clock = engine(capacity=1, knee_slowdown=0, prefill_ms_per_token=0, context_ms_per_1k=0)
+    core, clock = engine(capacity=1, ttft_ms=40)
     first, second = clock.add(chat(tokens=3)), clock.add(chat(tokens=3))
     assert (len(core.running), len(core.waiting)) == (1, 1)
     clock.run_until(0.069)  # the first has its first token, not yet its last
@@ -90,19 +94,40 @@ def test_ttft_includes_the_queue_and_queue_time_is_recorded_at_finish():
 
 
 def test_time_per_token_follows_the_batch_on_every_token():
-    core, clock = engine(capacity=4, knee=0.5, knee_slowdown=1.0, ttft_ms=10, per_token_ms=10,
-                         prefill_ms_per_token=0, context_ms_per_1k=0)
-    alone = clock.add(chat(tokens=20))
-    clock.run_until(0.045)  # a few tokens alone: 10 ms each (load 1/4)
+    # a + b x batch: 12.5 ms a step alone, 20 ms with four, far below max_num_seqs 64
+    core, clock = engine(capacity=64, per_token_ms=10, per_seq_ms=2.5)
+    alone = clock.add(chat(tokens=40))
+    clock.run_until(0.045)  # three tokens alone
     gaps_alone = alone.last_token_at
     for _ in range(3):
-        clock.add(chat(tokens=20))
+        clock.add(chat(tokens=40))
     before = alone.generated
     clock.run_until(clock.now + 0.2)
-    # four in the batch (load 1): 20 ms per decode step past the knee
     tokens_in_200ms = alone.generated - before
-    assert gaps_alone == pytest.approx(0.04)
-    assert 8 <= tokens_in_200ms <= 10
+    assert gaps_alone == pytest.approx(0.0375)
+    assert 9 <= tokens_in_200ms <= 10
+
+
+def test_the_context_the_batch_attends_slows_every_step():
+    core, clock = engine(per_token_ms=10, context_ms_per_1k=5, kv_blocks=8192)
+    short = clock.add(chat(prompt=10, tokens=3))
+    clock.run()
+    core, clock = engine(per_token_ms=10, context_ms_per_1k=5, kv_blocks=8192)
+    long = clock.add(chat(prompt=4000, tokens=3))
+    clock.run()
+    # each decode step attends ~4,000 tokens: 20 ms more than ~10 tokens
+    assert (long.last_token_at - long.first_token_at) - (short.last_token_at - short.first_token_at) == pytest.approx(
+        2 * 0.020, abs=0.0002)
+
+
+def test_steps_back_to_back_keep_their_own_times_when_the_wake_up_is_late():
+    core, clock = engine()
+    request = clock.add(chat(tokens=5))
+    clock.now = 1.0  # woken a second late: the steps due by then ran at their own times
+    core.advance(clock.now)
+    assert request.state == "finished"
+    assert request.first_token_at == pytest.approx(0.01) and request.last_token_at == pytest.approx(0.05)
+    assert core.counters.inter_token.sum == pytest.approx(0.04)
 
 
 def test_a_prompt_that_does_not_fit_waits_with_running_below_capacity():
@@ -157,7 +182,7 @@ def test_gauges_show_a_step_after_the_lag_and_stay_stale_after_a_mass_abort():
     exact = core.snapshot(clock.now)
     assert exact.running == 0 and exact.kv_usage == 0
     assert core.published.at(clock.now, 2.0).running == 3  # no step since: stale
-    assert core.counters.success["abort"] == 3
+    assert core.counters.aborted == 3 and core.counters.success["abort"] == 0  # aborts are no success
     clock.add(chat(tokens=1))
     clock.run_until(clock.now + 2.1)
     assert core.published.at(clock.now, 2.0).running == 0  # the next step published the truth
@@ -207,4 +232,5 @@ def test_any_mix_of_arrivals_and_aborts_keeps_the_books_and_ends_every_request(c
     assert not core.running and not core.waiting and core.used_blocks == 0
     assert all(r.state in ("finished", "aborted") for r in requests)
     assert all(r.generated == r.max_tokens for r in requests if r.state == "finished")
-    assert sum(core.counters.success.values()) == len(requests)
+    finished = sum(r.state == "finished" for r in requests)
+    assert sum(core.counters.success.values()) == finished and core.counters.aborted == len(requests) - finished

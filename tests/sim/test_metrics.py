@@ -7,6 +7,7 @@ import asyncio
 import httpx
 import pytest
 
+from lanes.errors import InvalidInput
 from lanes.sim import SimModel
 
 from .conftest import aeventually, async_client, chat_body, eventually, scrape, value
@@ -78,7 +79,9 @@ async def test_gauges_lag_by_the_configured_delay_and_the_admin_view_is_exact(st
     assert value(stale, "vllm:num_requests_running", model_name="m") > 0
     assert value(stale, "vllm:kv_cache_usage_perc", model_name="m") > 0
     assert sim.stats()["m"]["kv_blocks_used"] == 0
-    assert value(stale, "vllm:request_success_total", model_name="m", finished_reason="abort") == 3
+    # aborted, not successes: vLLM counts only requests the engine finished
+    assert value(stale, "vllm:request_success_total", model_name="m", finished_reason="abort") == 0
+    assert sim.stats()["m"]["aborted"] == 3
     # the next request's step publishes the truth
     assert httpx.post(sim.base_url + "/chat/completions", json=chat_body("m", max_tokens=1)).status_code == 200
     fresh = scrape(sim.url + "/metrics")
@@ -95,10 +98,14 @@ FLAVORS = {
     "current": ({"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting_by_reason",
                  "vllm:inter_token_latency_seconds_count", "vllm:admission_rejections_total"},
                 {"vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds_count"}),
+    # by-reason first released in 0.20.0; the queue limits and their counter only in current
+    "0.20-0.28": ({"vllm:kv_cache_usage_perc", "vllm:num_requests_waiting_by_reason",
+                   "vllm:inter_token_latency_seconds_count"},
+                  {"vllm:gpu_cache_usage_perc", "vllm:admission_rejections_total"}),
     "0.12-0.19": ({"vllm:kv_cache_usage_perc", "vllm:inter_token_latency_seconds_count"},
                   {"vllm:gpu_cache_usage_perc", "vllm:num_requests_waiting_by_reason",
                    "vllm:admission_rejections_total"}),
-    "0.9.2-0.10": ({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
+    "0.9.2-0.11": ({"vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc",
                     "vllm:time_per_output_token_seconds_count"},
                    {"vllm:num_requests_waiting_by_reason", "vllm:inter_token_latency_seconds_count"}),
     "legacy": ({"vllm:gpu_cache_usage_perc", "vllm:time_per_output_token_seconds_count"},
@@ -115,6 +122,12 @@ def test_each_flavour_exports_what_its_vllm_releases_export(start_sim, flavor):
     assert not (absent & names)
     assert {"vllm:num_requests_running", "vllm:num_preemptions_total", "vllm:prompt_tokens_total",
             "vllm:generation_tokens_total", "vllm:e2e_request_latency_seconds_count"} <= names
+
+
+@pytest.mark.parametrize("flavor", ["0.20-0.28", "0.12-0.19", "0.9.2-0.11", "legacy"])
+def test_queue_limits_are_refused_on_a_flavour_whose_vllm_has_none(flavor):
+    with pytest.raises(InvalidInput, match="max_num_queued_reqs/max_num_queued_tokens need metrics_flavor 'current'"):
+        SimModel(name="m", metrics_flavor=flavor, max_num_queued_reqs=4)
 
 
 def test_inter_token_latency_is_one_sample_per_token_after_the_first(start_sim):

@@ -18,7 +18,8 @@ from lanes.sim import SimModel
 from tests.e2e.harness import deploy
 from tests.polling import eventually
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+# One test here is the feature's end-to-end path in the fast tier; the rest are slow.
+pytestmark = [pytest.mark.timeout(240)]
 
 CHAT = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 1}
 
@@ -42,8 +43,11 @@ def make_fleet(tmp_path, embedded_redis):
     def build(width: int):
         url = embedded_redis.url.rsplit("/", 1)[0] + "/5"
         redis.Redis.from_url(url).flushdb()
+        # Each process holds two messages a slot (the threads pool's own
+        # sizing; the gevent pool's bound), so what waits beyond them waits in
+        # Celery's queue, where these tests watch it.
         dep = deploy(tmp_path, url, json.loads(json.dumps(document(width))),
-                     [SimModel(name="m", capacity=0, service_ms=50.0)], ["gpu"])
+                     [SimModel(name="m", capacity=0, service_ms=50.0)], ["gpu"], fleet_held_messages=2 * width)
         made.append(dep)
         return dep
 
@@ -75,6 +79,7 @@ def admitted_at(result) -> float:
 
 @pytest.mark.parametrize(("workflow", "priority"), [("memory", None), ("dialog", "background")],
                          ids=["native-background", "caller-lowered"])
+@pytest.mark.slow
 def test_a_background_backlog_keeps_the_backend_at_its_width(make_fleet, workflow, priority):
     width = 2
     dep = make_fleet(width)
@@ -99,7 +104,8 @@ def test_a_background_backlog_keeps_the_backend_at_its_width(make_fleet, workflo
     assert max(abs(rank - index) for rank, index in enumerate(order)) < 2 * width
 
 
-@pytest.mark.parametrize("width", [1, 2])
+@pytest.mark.end_to_end
+@pytest.mark.parametrize("width", [pytest.param(1, marks=pytest.mark.slow), 2])
 def test_interactive_requests_up_to_the_width_go_ahead_of_parked_background_work(make_fleet, width):
     dep = make_fleet(width)
     # Interactive work holds every slot; background work parks behind it.
@@ -122,6 +128,7 @@ def test_interactive_requests_up_to_the_width_go_ahead_of_parked_background_work
     assert backend(dep)["max_in_flight"] == width
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("width", [1, 2])
 def test_an_interactive_request_on_a_full_background_lane_takes_a_background_slot(make_fleet, width):
     dep = make_fleet(width)
@@ -151,3 +158,28 @@ def test_an_interactive_request_on_a_full_background_lane_takes_a_background_slo
     # the holders it was admitted with can come before it.
     order = sorted(range(len(background)), key=lambda index: admitted_at(background[index]))
     assert order.index(yielded[0]) <= width - 1
+
+
+@pytest.mark.slow
+def test_slots_handed_over_again_and_again_never_double_the_backend(make_fleet):
+    # Each round: two background calls hold the lane, two interactive
+    # requests take their slots by cutting them short. The new call is sent
+    # right after the cut; the backend must have let the cut one go first.
+    width, rounds = 2, 8
+    dep = make_fleet(width)
+    handed_over = 0
+    for _ in range(rounds):
+        dep.sim.configure("m", capacity=0)
+        background = [dep.client.submit("memory", CHAT) for _ in range(width)]
+        eventually(lambda: backend(dep)["in_flight"] == width, timeout=30, interval=0.02,
+                   what="background calls held")
+        cancelled = backend(dep)["cancelled"]
+        urgent = [dep.client.submit("dialog", CHAT) for _ in range(width)]
+        eventually(lambda: backend(dep)["cancelled"] == cancelled + width and backend(dep)["in_flight"] == width,
+                   timeout=30, interval=0.02, what="every background call given up for an interactive one")
+        handed_over += width
+        assert backend(dep)["max_in_flight"] == width, f"over width after {handed_over} hand-overs"
+        dep.sim.configure("m", capacity=2 * width)
+        for result in urgent + background:
+            assert result.get(timeout=60)["model"] == "m"
+    assert backend(dep)["cancelled"] == handed_over and backend(dep)["max_in_flight"] == width

@@ -1,4 +1,4 @@
-"""A fleet worker's lane events go out in the batches of Celery's own task events.
+"""A fleet worker's lane events go out the way Celery's own task events do: in their batches, on either pool.
 
 Real parts: a supervised fleet worker, Redis, the HTTP simulator. The test
 reads the event exchange itself (Redis pub/sub, as every event consumer does)
@@ -39,11 +39,12 @@ def events_in(message: dict) -> tuple[str, list[dict]]:
     return routing_key, payload if isinstance(payload, list) else [payload]
 
 
-def test_lane_admissions_travel_with_the_task_events_of_their_batch(tmp_path, embedded_redis):
+@pytest.mark.parametrize("pool", ["gevent", "threads"])
+def test_lane_admissions_travel_with_the_task_events_of_their_batch(tmp_path, embedded_redis, pool):
     url = embedded_redis.url.rsplit("/", 1)[0] + "/6"
     redis.Redis.from_url(url).flushdb()
     dep = deploy(tmp_path, url, json.loads(json.dumps(DOCUMENT)), [SimModel(name="m", capacity=2, service_ms=20.0)],
-                 ["gpu"])
+                 ["gpu"], fleet_pool=pool)
     listener = redis.Redis.from_url(url).pubsub()
     try:
         listener.psubscribe("*celeryev*")
@@ -55,6 +56,7 @@ def test_lane_admissions_travel_with_the_task_events_of_their_batch(tmp_path, em
 
         admitted: dict[str, str] = {}  # task id -> routing key of the message that carried it
         task_events = 0
+        task_keys: set[str] = set()  # how Celery's own task events travelled
         deadline = time.monotonic() + 20
         while set(admitted) != task_ids and time.monotonic() < deadline:
             message = listener.get_message(timeout=1)
@@ -67,11 +69,14 @@ def test_lane_admissions_travel_with_the_task_events_of_their_batch(tmp_path, em
                     assert event["pool"] == "gpu" and event["outcome"] == "served", event
                 elif event.get("type", "").startswith("task-"):
                     task_events += 1
+                    task_keys.add(routing_key)
     finally:
         listener.close()
         dep.close()
 
     assert set(admitted) == task_ids, f"lane events seen for {sorted(admitted)}, tasks {sorted(task_ids)}"
-    # One more entry in the worker's task batch, never a message of its own.
+    # Both pools batch task events (the gevent pool through workers/green_events.py):
+    # a lane event is one more entry in the worker's task batch, never a message of its own.
+    assert "task.multi" in task_keys, task_keys
     assert set(admitted.values()) == {"task.multi"}, admitted
     assert task_events >= len(task_ids), "Celery's own task events were not seen beside them"

@@ -72,3 +72,61 @@ def make_celery_for(url):
     from lanes.settings import Settings
 
     return make_celery(Settings(redis_url=url), url)
+
+
+@pytest.fixture
+def stored(redis_url):
+    """A worker app's result backend on ``redis_url`` (both Redis versions), and a client of that database."""
+    app = make_celery_for(redis_url)
+    app.conf.update(result_backend=patient_backend_url(redis_url), result_expires=600)
+    client = redis.Redis.from_url(redis_url)
+    yield app.backend, client
+    client.close()
+    app.close()
+
+
+def test_a_stored_success_is_never_overwritten(stored):
+    backend, client = stored
+    backend.mark_as_done("task-a", {"answer": 1})
+    # A late copy of the task (its worker was lost) ends later, another way.
+    backend.mark_as_failure("task-a", ValueError("late copy"))
+    backend.mark_as_retry("task-a", ValueError("late copy"))
+    meta = backend.get_task_meta("task-a")
+    assert meta["status"] == "SUCCESS" and meta["result"] == {"answer": 1}
+    # Any other state is replaced, as Celery's own store does.
+    backend.mark_as_retry("task-b", ValueError("busy"))
+    backend.mark_as_done("task-b", 2)
+    assert backend.get_task_meta("task-b")["status"] == "SUCCESS"
+
+
+def test_a_state_is_stored_with_its_expiry_and_told_to_waiting_clients(stored):
+    backend, client = stored
+    key = backend.get_key_for_task("task-c")
+    listener = client.pubsub()
+    listener.subscribe(key)
+    assert listener.get_message(timeout=5)["type"] == "subscribe"
+    backend.mark_as_done("task-c", "ok")
+    told = listener.get_message(timeout=5)
+    listener.close()
+    assert told is not None and told["data"] == client.get(key)
+    assert 590_000 < client.pttl(key) <= 600_000
+    assert backend.get_task_meta("task-c")["result"] == "ok"
+
+
+def test_a_state_is_stored_in_one_round_trip(stored, embedded_redis):
+    backend, client = stored
+    if client.connection_pool.connection_kwargs.get("port") != redis.Redis.from_url(embedded_redis.url).connection_pool.connection_kwargs.get("port"):
+        pytest.skip("counts the server's commands: only on the tests' own server")
+    backend.mark_as_done("task-warm", 0)  # loads the script
+    before = client.info("commandstats")
+    backend.mark_as_done("task-d", 1)
+    after = client.info("commandstats")
+    calls = {name: after[name]["calls"] - before.get(name, {}).get("calls", 0) for name in after
+             if name != "cmdstat_info"}  # the count itself
+    # Celery's own store reads the state first (a GET), then writes it (a
+    # pipeline: SETEX, PUBLISH). Here one script does all three on the server
+    # (the commands it runs are counted too, hence the GET and the SET).
+    assert calls.get("cmdstat_evalsha", 0) == 1, calls
+    assert calls.get("cmdstat_setex", 0) == 0, calls
+    assert {name for name, n in calls.items() if n} == {"cmdstat_evalsha", "cmdstat_get", "cmdstat_set",
+                                                       "cmdstat_publish"}, calls

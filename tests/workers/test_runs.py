@@ -13,7 +13,7 @@ from celery.result import AsyncResult
 
 from lanes.celery_client import ROUTE_TASK
 from workers.app import _started, create_app
-from workers.runs import RunLeases
+from workers.runs import Claim, RunLeases
 
 
 @pytest.fixture
@@ -93,3 +93,17 @@ def test_a_released_lease_lets_the_next_delivery_run(route):
     assert leases.claim("task-1", _started(task)).token is None
     leases.release("task-1", first.token)
     assert leases.claim("task-1", _started(task)).token
+
+
+def test_a_lease_whose_task_ended_is_kept_until_the_outcome_is_stored_and_then_lapses(route):
+    task, client = route
+    leases = RunLeases(client, prefix="lanes", ttl_seconds=60)
+    first = leases.claim("task-1", _started(task))
+    # The task returned; Celery stores its result only after that. A copy
+    # delivered in between must not find a free lease beside a STARTED result.
+    leases.release("task-1", first.token, ended=True)
+    assert leases.claim("task-1", _started(task)) == Claim()
+    assert client.get("lanes:run:task-1").decode() == first.token
+    assert leases.renew_all() == 0  # no longer renewed: it lapses on its own
+    task.backend.store_result("task-1", {"answer": "once"}, states.SUCCESS)
+    assert leases.claim("task-1", _started(task)).finished == states.SUCCESS

@@ -5,6 +5,8 @@
 --
 -- KEYS[1]  the old queue's list at one priority step (kombu: LPUSH in, BRPOP out)
 -- KEYS[2]  the new queue's list at the same priority step
+-- KEYS[3]  the new queue's bell (lanes/broker.py): rung when anything moved, so a
+--          worker waiting on the new queue takes the messages at once
 -- ARGV[1]  old queue name (the exchange and routing key Celery gave the message)
 -- ARGV[2]  new queue name
 -- ARGV[3]  at most this many messages per call (the script must stay short)
@@ -29,5 +31,8 @@ for _ = 1, tonumber(ARGV[3]) do
   end
   redis.call('RPUSH', KEYS[2], raw)
   moved = moved + 1
+end
+if moved > 0 then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '1', '*', 'm', '')
 end
 return moved

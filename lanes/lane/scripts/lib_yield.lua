@@ -21,7 +21,7 @@ local YIELD_SCAN = 256            -- holder entries looked at per call (bounded 
 -- A holder granted less than this long ago has usually not had its call's
 -- answer head yet, and a call is cut only from then on (lanes/routing/
 -- backend.py): asking it made the urgent waiter wait for that head, 4-8 ms
--- in 8 % of the priority benchmark's backlog samples (docs/BENCHMARKS.md,
+-- in 8 % of the priority benchmark's backlog samples (docs/BENCHMARKS_JOURNAL.md,
 -- tenth round), against about 1 ms for a holder that can be cut at once.
 local YIELD_MIN_AGE_MS = 20
 

@@ -1,11 +1,14 @@
 -- One workflow's failover share (seed 003): read it, or record one outcome of a primary attempt.
 --
 -- KEYS[1]  share state hash   fields: share, generation, sig, changed_at, healthy_since, breaches,
---                              parked, unknown, decision
+--                              parked, unknown, decision, blocked_at
 -- KEYS[2]  outcome window list (newest first; '1' breach, '0' healthy), this generation's only
 -- ARGV[1]  'tick'    apply idle recovery, then return the share (a request is about to choose)
 --          'record'  add one outcome (ARGV[13], ARGV[14]), then decide
 --          'unknown' count an unknown outcome (never in the window, never a veto)
+--          'blocked' the primary's breaker kept a request from trying it: nothing is learned,
+--                    and idle recovery credits no interval that began before now (the
+--                    primary is not idle and recovering, it is not being tried at all)
 -- ARGV[2]  signature of the configuration (parameters, deadline, primary identity): a different
 --          one retires the controller and its successor starts at 1.0
 -- ARGV[3]  now, in ms (the caller's injected clock)
@@ -15,9 +18,12 @@
 -- ARGV[13] 'record': '1' breach, '0' healthy
 -- ARGV[14] 'record': the generation the attempt began under (another one is ignored)
 --
--- Returns {share, generation, change, previous share, samples, breaches} with the shares as
--- strings (Redis would truncate a Lua number); change is '' or one of started, retired,
--- resumed, decrease, increase, idle_recovery, stale (a 'record' of an old generation).
+-- Returns {share, generation, change, previous share, samples, breaches, decided samples,
+-- decided breaches} with the shares as strings (Redis would truncate a Lua number); change is
+-- '' or one of started, retired, resumed, decrease, increase, idle_recovery, held (the first
+-- 'blocked' after a change), stale (a 'record' of an old generation). samples and breaches
+-- are the window now; the decided ones are the window the change was decided on (a decrease
+-- empties the window after deciding; otherwise the two are the same).
 local state, window = KEYS[1], KEYS[2]
 local op, sig, now = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local step, decay, floor = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
@@ -25,14 +31,19 @@ local target, recovery = tonumber(ARGV[7]), tonumber(ARGV[8])
 local window_samples, min_samples = tonumber(ARGV[9]), tonumber(ARGV[10])
 local dwell, idle = tonumber(ARGV[11]), tonumber(ARGV[12])
 
-local f = redis.call('HMGET', state, 'share', 'generation', 'sig', 'changed_at', 'healthy_since', 'breaches', 'parked')
+local f = redis.call('HMGET', state, 'share', 'generation', 'sig', 'changed_at', 'healthy_since', 'breaches', 'parked',
+                    'blocked_at', 'decision')
 local share, generation = tonumber(f[1]), tonumber(f[2]) or 0
 local changed_at, healthy_since, breaches = tonumber(f[4]), tonumber(f[5]), tonumber(f[6]) or 0
+local blocked_at = tonumber(f[8])
 local previous = share
 local change = ''
+local decided_samples, decided_breaches = nil, nil
 
 local function reply()
-  return {tostring(share), generation, change, tostring(previous or share), redis.call('LLEN', window), breaches}
+  local now_samples = redis.call('LLEN', window)
+  return {tostring(share), generation, change, tostring(previous or share), now_samples, breaches,
+          decided_samples or now_samples, decided_breaches or breaches}
 end
 
 if share == nil or f[3] ~= sig then
@@ -44,11 +55,12 @@ if share == nil or f[3] ~= sig then
   redis.call('DEL', window)
   redis.call('HSET', state, 'share', tostring(share), 'generation', generation, 'sig', sig,
              'changed_at', changed_at, 'breaches', 0, 'parked', 0, 'decision', change)
-  redis.call('HDEL', state, 'healthy_since')
+  redis.call('HDEL', state, 'healthy_since', 'blocked_at')
+  blocked_at = nil
 elseif f[7] == '1' then
   -- Parked while the workflow had one candidate: resume with the learned share.
   change = 'resumed'
-  redis.call('HSET', state, 'parked', 0)
+  redis.call('HSET', state, 'parked', 0, 'decision', change)
 end
 
 if op == 'unknown' then
@@ -56,10 +68,24 @@ if op == 'unknown' then
   return reply()
 end
 
--- Idle recovery: a step for each idle interval the window went without enough samples to judge.
+if op == 'blocked' then
+  -- The breaker kept the primary from being tried: no outcome, and the idle
+  -- clock starts again from now (it measures a primary tried too rarely to
+  -- judge, not one that is not tried at all).
+  redis.call('HSET', state, 'blocked_at', now)
+  if change == '' and f[9] ~= 'held' then
+    change = 'held'
+    redis.call('HSET', state, 'decision', change)
+  end
+  return reply()
+end
+
+-- Idle recovery: a step for each idle interval the window went without enough samples to
+-- judge, counted from the last change or the last time the breaker held the primary back.
 local samples = redis.call('LLEN', window)
-if idle > 0 and share < 1 and samples < min_samples and now - changed_at >= idle then
-  local credits = math.floor((now - changed_at) / idle)
+local idle_since = math.max(changed_at, blocked_at or changed_at)
+if idle > 0 and share < 1 and samples < min_samples and now - idle_since >= idle then
+  local credits = math.floor((now - idle_since) / idle)
   share = math.min(1.0, share + credits * step)
   changed_at = now
   change = 'idle_recovery'
@@ -92,6 +118,7 @@ if samples >= min_samples then
       -- Decrease: a new generation with an empty window (every change is followed by a dwell).
       local cut = math.max(floor, share * decay)
       if cut < share then change = 'decrease' else change = 'floor' end
+      decided_samples, decided_breaches = samples, breaches
       share, generation, changed_at, breaches = cut, generation + 1, now, 0
       redis.call('DEL', window)
     end

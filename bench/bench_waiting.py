@@ -1,0 +1,225 @@
+"""Every waiting request in the lane: fleet workers on the gevent pool against
+the same workers on Celery's threads pool, in one run.
+
+    python bench/bench_waiting.py            # burst, shares, in flight (minutes)
+    python bench/bench_waiting.py --smoke    # a quick pass (CI)
+    python bench/bench_waiting.py --only inflight --capacity 400 --pools gevent
+                                             # a smaller in-flight case, to profile:
+                                             # it prints the worker's pid for py-spy
+                                             # (BENCH_WORKER_LOGLEVEL=INFO: the worker's log)
+
+- burst: 40 interactive requests at once, 10 s deadlines (reserve 4 s), on a
+  primary of width 2 serving in 3 s, a fallback of width 6 serving in 1 s, a
+  hosted last candidate limited to 4 at once. Answers inside the deadline, and
+  the most the primary saw at once (must not pass 2).
+- shares: a width-2 pool, one user-tool workflow sends a burst, then another
+  sends 10; the burst calls admitted before the small workflow's last one,
+  against the small workflow's owed-share ideal (about one burst call each).
+- in flight: one worker process, a backend of capacity N (1 s per request),
+  3N requests: the most in flight at the backend in steady state, CPU seconds
+  per request and the worker's resident memory, against the threads pool at
+  its largest (64 threads per queue, the old cap).
+
+Each case runs through a real Redis (embedded), real supervised workers and
+the simulator in a process of its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import redis  # noqa: E402
+
+from lanes.embedded import EmbeddedRedis  # noqa: E402
+from tests.e2e.harness import RemoteSim, deploy  # noqa: E402
+
+CHAT = {"messages": [{"role": "user", "content": "bench"}], "max_tokens": 1}
+
+BURST_DOC = {
+    "pools": [{"name": "dialog", "width": 2}, {"name": "utility", "width": 6}],
+    "models": [
+        {"name": "primary", "base_url": "{sim}", "pool": "dialog", "timeout_ms": 20000},
+        {"name": "utility-14b", "base_url": "{sim}", "pool": "utility", "timeout_ms": 20000},
+        {"name": "hosted-fallback", "base_url": "{sim}", "concurrency": 4, "timeout_ms": 20000},
+    ],
+    "workflows": [{"name": "dialog", "priority": "interactive", "reserve_ms": 4000,
+                   "candidates": ["primary", "utility-14b", "hosted-fallback"]}],
+}
+BURST_SIM = ["primary:2:3000", "utility-14b:6:1000", "hosted-fallback:64:1000"]
+
+SHARES_DOC = {
+    "pools": [{"name": "tools", "width": 2}],
+    "models": [{"name": "tool-model", "base_url": "{sim}", "pool": "tools", "timeout_ms": 60000}],
+    "workflows": [{"name": "burst", "priority": "user_tool", "candidates": ["tool-model"]},
+                  {"name": "small", "priority": "user_tool", "candidates": ["tool-model"]}],
+}
+
+
+def flight_doc(width: int) -> dict:
+    return {
+        "pools": [{"name": "wide", "width": width}],
+        "models": [{"name": "wide-model", "base_url": "{sim}", "pool": "wide", "timeout_ms": 120000}],
+        "workflows": [{"name": "bulk", "priority": "background", "candidates": ["wide-model"]}],
+    }
+
+
+class Run:
+    def __init__(self, work: Path) -> None:
+        self.work = work
+        self.redis = EmbeddedRedis(work / "redis")
+        self.base = self.redis.ensure().rsplit("/", 1)[0]
+        self.made = 0
+
+    def deploy(self, document: dict, sim: RemoteSim, fleets: list[str], **settings):
+        self.made += 1
+        url = f"{self.base}/{self.made % 15 + 1}"
+        redis.Redis.from_url(url).flushdb()
+        return deploy(self.work / f"d{self.made}", url, json.loads(json.dumps(document)), sim, fleets, **settings)
+
+    def close(self) -> None:
+        self.redis.stop()
+
+
+def finish(dep, results, timeout: float) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    for result in results:
+        result.get(timeout=max(1.0, deadline - time.monotonic()), propagate=False)
+    return [dep.client.result(r.id) for r in results]
+
+
+def served_at(report: dict) -> float:
+    steps = [s for a in report["attempts"] for s in a["steps"] if s["action"] == "served"]
+    return steps[-1]["admitted_at"] if steps else float("inf")
+
+
+def burst(run: Run, pool: str, held: int, size: int) -> dict:
+    sim = RemoteSim(BURST_SIM)
+    dep = run.deploy(BURST_DOC, sim, ["dialog"], fleet_pool=pool, fleet_held_messages=held)
+    try:
+        for warm in [dep.client.submit("dialog", CHAT, deadline=60) for _ in range(3)]:
+            warm.get(timeout=60, propagate=False)
+        sim.reset()
+        start = time.time()
+        results = [dep.client.submit("dialog", CHAT, deadline=10.0) for _ in range(size)]
+        finish(dep, results, 120)
+        done = [dep.client.celery.AsyncResult(r.id) for r in results]
+        in_deadline = sum(1 for r in done if r.state == "SUCCESS" and r.date_done.timestamp() <= start + 10.0)
+        stats = sim.stats()
+        return {"in_deadline": in_deadline, "of": size, "primary_max": stats["primary"]["max_in_flight"],
+                "hosted_max": stats["hosted-fallback"]["max_in_flight"]}
+    finally:
+        dep.close()
+        sim.stop()
+
+
+def shares(run: Run, pool: str, held: int, size: int) -> dict:
+    sim = RemoteSim(["tool-model:2:1000"])
+    dep = run.deploy(SHARES_DOC, sim, ["tools"], fleet_pool=pool, fleet_held_messages=held)
+    try:
+        big = [dep.client.submit("burst", CHAT) for _ in range(size)]
+        time.sleep(2.0)
+        small_from = time.time()
+        small = [dep.client.submit("small", CHAT) for _ in range(10)]
+        reports = finish(dep, small + big, 600)
+        ids = {r.id for r in small}
+        later = sorted((r for r in reports if served_at(r) >= small_from), key=served_at)
+        last = max(i for i, r in enumerate(later) if r["task_id"] in ids)
+        ends = sorted(served_at(r) for r in reports if r["task_id"] in ids)
+        return {"burst_before_small_done": sum(1 for r in later[:last] if r["task_id"] not in ids),
+                "small_last_answer_s": round(ends[-1] - small_from + 1.0, 1),
+                "owed_share_ideal_s": round(10 * 1.0 / 1 + 1.0, 1)}
+    finally:
+        dep.close()
+        sim.stop()
+
+
+def process_cpu_and_rss(pid: int) -> tuple[float, int]:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks
+    with open(f"/proc/{pid}/status") as f:
+        rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+    return cpu, rss * 1024
+
+
+def in_flight(run: Run, pool: str, held: int, capacity: int) -> dict:
+    sim = RemoteSim([f"wide-model:{capacity}:1000"])
+    dep = run.deploy(flight_doc(capacity), sim, [])
+    try:
+        # The work is queued first, so the worker alone sets the pace (not the submitter).
+        count = capacity * 3
+        results = [dep.client.submit("bulk", CHAT) for _ in range(count)]
+        # One worker process of the background queue, holding ``held`` messages
+        # (the threads pool: one thread each; its old cap was 64 a queue).
+        proc = subprocess.Popen([sys.executable, "-m", "workers.main", "--fleet", "wide", "--background",
+                                 str(held), "--pool", pool, "--loglevel", os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING")], env=dep.env, cwd=ROOT)
+        dep.workers["wide"] = proc
+        worker = proc.pid
+        # For a profiler to attach to (py-spy record --pid).
+        print(f"inflight worker pid {worker}", flush=True)
+        cpu0, _ = process_cpu_and_rss(worker)
+        samples = []
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            stats = sim.stats()["wide-model"]
+            samples.append((stats["served"], stats["in_flight"]))
+            if stats["served"] >= count:
+                break
+            time.sleep(0.25)
+        finish(dep, results, 120)
+        cpu1, rss = process_cpu_and_rss(worker)
+        # Steady state: the middle third of the work (the first and last thirds
+        # are the ramp up and the drain of the backlog).
+        steady = sorted(flying for served, flying in samples if capacity <= served <= count - capacity) or [0]
+        return {"steady_in_flight_median": steady[len(steady) // 2],
+                "max_in_flight": max((flying for _, flying in samples), default=0),
+                "cpu_s_per_request": round((cpu1 - cpu0) / count, 5), "worker_rss_mb": round(rss / 2**20, 1)}
+    finally:
+        dep.close()
+        sim.stop()
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--only", nargs="*", default=["burst", "shares", "inflight"])
+    parser.add_argument("--capacity", type=int, default=None,
+                        help="in flight: the simulator's capacity (default 1000; --smoke 50)")
+    parser.add_argument("--pools", nargs="*", default=["gevent", "threads"], choices=["gevent", "threads"],
+                        help="in flight: the worker pools to run (default both)")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory() as work:
+        run = Run(Path(work))
+        try:
+            if "burst" in args.only:
+                size = 12 if args.smoke else 40
+                for pool, held in (("gevent", 2000), ("threads", 4)):
+                    print(f"burst {pool:7s} held {held:5d}: {burst(run, pool, held, size)}", flush=True)
+            if "shares" in args.only and not args.smoke:
+                for pool, held in (("gevent", 2000), ("threads", 4)):
+                    print(f"shares {pool:7s} held {held:5d}: {shares(run, pool, held, 60)}", flush=True)
+            if "inflight" in args.only:
+                capacity = args.capacity or (50 if args.smoke else 1000)
+                for pool, held in (("gevent", max(2000, capacity)), ("threads", 64)):
+                    if pool not in args.pools:
+                        continue
+                    print(f"inflight {pool:7s} held {held:5d} capacity {capacity}: "
+                          f"{in_flight(run, pool, held, capacity)}", flush=True)
+        finally:
+            run.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
