@@ -23,6 +23,10 @@ What it imitates from vLLM's v1 scheduler:
 - each step costs what the step law says (``model.step_seconds``): the
   batch and its context slow every token from the first request on;
 - gauges are snapshotted once per step and published with a lag (``stats``);
+  the waiting gauge counts what a schedule left waiting, as vLLM's scheduler
+  queue does: a request that arrives during a step joins that queue at the
+  next schedule, which admits it if there is room, so it is never published
+  as waiting for capacity the batch has;
   an abort changes the exact counts at once but no gauge until a step runs,
   and is not a success (``request_success_total`` counts finished requests).
 
@@ -66,6 +70,7 @@ class SimRequest:
     computed: int = 0  # tokens of this admission's prefill already processed
     blocks: int = 0
     skipped: bool = False
+    left_waiting: bool = False  # a schedule found it and left it waiting (the gauge's own count)
     first_scheduled: float | None = None
     stall_until: float = 0.0
     due: float | None = None
@@ -209,6 +214,13 @@ class EngineCore:
                                           prefill_tokens=prefill_tokens, context_tokens=context)
             self.step = step
             self.counters.steps += 1
+        # What this schedule left waiting. Requests that arrived since the
+        # last schedule are appended at the tail and nothing else is unmarked
+        # (the requeued go to the front marked): mark from the tail back.
+        for request in reversed(self.waiting):
+            if request.left_waiting:
+                break
+            request.left_waiting = True
         # vLLM steps (and reports) whenever it holds requests, even when it can
         # schedule none of them; with none left it stays idle, gauges unchanged.
         return admitted or self.step is not None or bool(self.waiting) or bool(self.running)
@@ -231,6 +243,7 @@ class EngineCore:
         self._free(request)
         request.computed = 0
         request.state = WAITING
+        request.left_waiting = True
         self.waiting.appendleft(request)
         self.counters.preemptions += 1
 
@@ -343,9 +356,13 @@ class EngineCore:
     def deferred(self, now: float) -> int:
         return sum(1 for r in self.waiting if r.skipped and r.defer_until > now)
 
-    def snapshot(self, now: float) -> GaugeSnapshot:
+    def snapshot(self, now: float, *, exact: bool = False) -> GaugeSnapshot:
+        """The gauges now; ``exact`` counts every request not yet admitted,
+        the scheduler's view (the default, what a step publishes) only those
+        a schedule has already left waiting."""
         deferred = self.deferred(now)
-        return GaugeSnapshot(at=now, running=len(self.running), waiting_capacity=len(self.waiting) - deferred,
+        waiting = len(self.waiting) if exact else sum(1 for r in self.waiting if r.left_waiting)
+        return GaugeSnapshot(at=now, running=len(self.running), waiting_capacity=waiting - deferred,
                              waiting_deferred=deferred, kv_usage=self.kv_usage)
 
     def unfinished(self) -> int:
@@ -363,7 +380,7 @@ class EngineCore:
         return sum(r.prompt_tokens for r in (*self.running, *self.waiting) if r.generated == 0)
 
     def stats(self, now: float) -> dict[str, Any]:
-        exact = self.snapshot(now)
+        exact = self.snapshot(now, exact=True)
         return {
             "running": exact.running,
             "waiting": exact.waiting,

@@ -179,13 +179,33 @@ def test_gauges_show_a_step_after_the_lag_and_stay_stale_after_a_mass_abort():
     for request in requests:
         core.abort(request)
     clock.run_until(10.0)
-    exact = core.snapshot(clock.now)
+    exact = core.snapshot(clock.now, exact=True)
     assert exact.running == 0 and exact.kv_usage == 0
     assert core.published.at(clock.now, 2.0).running == 3  # no step since: stale
     assert core.counters.aborted == 3 and core.counters.success["abort"] == 0  # aborts are no success
     clock.add(chat(tokens=1))
     clock.run_until(clock.now + 2.1)
     assert core.published.at(clock.now, 2.0).running == 0  # the next step published the truth
+
+
+def test_the_waiting_gauge_counts_what_a_schedule_left_waiting_not_what_arrived_during_a_step():
+    # vLLM's gauge is its scheduler's queue: a request that arrives during a
+    # step joins it at the next schedule, which admits it when there is room.
+    core, clock = engine(capacity=2, metrics_lag_s=0.0)
+    published: list = []
+    record = core.published.record
+    core.published.record = lambda snapshot, lag: (published.append(snapshot.waiting), record(snapshot, lag))
+    clock.add(chat(tokens=100))
+    clock.run_until(0.005)  # mid-step
+    late = clock.add(chat(tokens=100))
+    assert core.snapshot(clock.now, exact=True).waiting == 1  # the exact count sees it at once
+    clock.run_until(0.0101)  # the step ends: its snapshot, then the next schedule admits the late one
+    assert late.state == "running"
+    assert published and max(published) == 0, "published as waiting for capacity the batch had"
+    # With the batch full, a schedule leaves the next arrival waiting, and the gauge says so.
+    third = clock.add(chat(tokens=100))
+    clock.run_until(0.0301)
+    assert third.state == "waiting" and core.published.at(clock.now, 0.0).waiting == 1
 
 
 def test_the_same_inputs_give_the_same_times():
