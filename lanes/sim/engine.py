@@ -384,6 +384,7 @@ class EngineCore:
         return {
             "running": exact.running,
             "waiting": exact.waiting,
+            "scheduler_waiting": self.snapshot(now).waiting,  # what the gauge would say, with no lag
             "waiting_capacity": exact.waiting_capacity,
             "waiting_deferred": exact.waiting_deferred,
             "kv_cache_usage": round(exact.kv_usage, 6),

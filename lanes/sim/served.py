@@ -351,6 +351,7 @@ class ServedModel:
             "kv_blocks": m.kv_blocks,
             "running": total("running"),
             "waiting": total("waiting"),
+            "scheduler_waiting": total("scheduler_waiting"),
             "waiting_capacity": total("waiting_capacity"),
             "waiting_deferred": total("waiting_deferred"),
             "queued_prompt_tokens": sum(core.queued_tokens() for core in self.cores),

@@ -36,6 +36,9 @@ GATED = {"LANES_MEMORY_GATE_HIGH": "0.9"}
 VLLM = {"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 1.0, "timeout_seconds": 0.5,
         "gauge_lag_seconds": 1.5, "probe_backoff": 4}
 LAG = ("--metrics-lag-s", "1")
+# The step law (about 0.8 s an answer: 20 tokens at 40 ms a step, a little more per sequence
+# in the batch), never a fixed service time.
+STEP = ("--tokens", "20", "--per-token-ms", "40")
 
 
 class SimProcess:
@@ -52,7 +55,7 @@ class SimProcess:
 
     def start(self) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "lanes.cli", "sim", "--port", str(self.port),
-                                      "--model", self.spec, *LAG], stdout=subprocess.DEVNULL)
+                                      "--model", self.spec, *LAG, *STEP], stdout=subprocess.DEVNULL)
         eventually(lambda: self._answers(), timeout=30, interval=0.1, what=f"lanes sim on {self.port}")
 
     def _answers(self) -> bool:
@@ -89,7 +92,7 @@ def _url(embedded_redis) -> str:
 
 
 def test_two_replicas_listed_apart_are_summed_shared_and_a_dead_one_is_left_out(tmp_path, embedded_redis):
-    first, second = SimProcess("m:4:800"), SimProcess("m:4:800")
+    first, second = SimProcess("m:4"), SimProcess("m:4")
     doc = {
         "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM,
                    "endpoints": [first.base_url, second.base_url]}],
@@ -178,7 +181,7 @@ class FlakyMetrics:
 
 
 def test_scrapes_that_time_out_hold_the_width_instead_of_sending_the_pool_to_its_floor(tmp_path, embedded_redis):
-    sim = RemoteSim(["m:8:800"], extra_args=LAG)
+    sim = RemoteSim(["m:8"], extra_args=(*LAG, *STEP))
     flaky = FlakyMetrics(sim.url + "/metrics", every=4)  # a quarter of the scrapes stall
     doc = {
         "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM,
@@ -209,7 +212,7 @@ def test_scrapes_that_time_out_hold_the_width_instead_of_sending_the_pool_to_its
 
 
 def test_failing_closed_clamps_the_ceiling_but_a_shrinking_backend_is_still_cut(tmp_path, embedded_redis):
-    sim = RemoteSim(["m:8:800"], extra_args=LAG)
+    sim = RemoteSim(["m:8"], extra_args=(*LAG, *STEP))
     doc = {
         "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM}],
         "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
@@ -243,7 +246,7 @@ def test_at_a_steady_capacity_probing_stops_and_the_width_stays_at_it(tmp_path, 
     # decision and a scrape every second; gauges 1 s late.
     controller = {"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 1.0, "timeout_seconds": 0.5,
                   "gauge_lag_seconds": 1.5}
-    sim = RemoteSim(["m:8:800"], extra_args=LAG)
+    sim = RemoteSim(["m:8"], extra_args=(*LAG, *STEP))
     doc = {
         "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 32, "controller": controller}],
         "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
@@ -259,7 +262,7 @@ def test_at_a_steady_capacity_probing_stops_and_the_width_stays_at_it(tmp_path, 
         widths, queued = [], []
         while time.monotonic() - started < 60:
             widths.append(width(dep))
-            queued.append(sim.stats()["m"]["waiting"])
+            queued.append(sim.stats()["m"]["scheduler_waiting"])  # as vLLM's gauge counts, without its lag
             time.sleep(0.25)
         changes = len(dep.client_events(kind="width_change")) - changes_before
     finally:
