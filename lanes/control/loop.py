@@ -29,7 +29,7 @@ from dataclasses import asdict
 
 from lanes.catalog import PoolInfo, RoutingTable
 from lanes.catalog.controllers import kinds_text, running_kinds
-from lanes.control.laws import Bounds, Composed, Gauges, Signals, compose
+from lanes.control.laws import Bounds, Composed, Gauges, Signals, compose, wants_reading
 from lanes.control.replicas import DOWN_SECONDS, Replicas
 from lanes.control.scrape import Scraper, metrics_url
 from lanes.control.store import ControlStore, learned_applies
@@ -111,7 +111,8 @@ class ControlLoop:
                 start, "start", None, f"controllers {kinds_text(pool)} start from the configured width {pool.width}"),
                 fields={"configured": pool.width, "kinds": kinds_text(pool), "laws": {}, **flags},
                 new_generation=True)
-        gauges = self._gauges(pool, table, now, lane_in_flight=stats.in_flight, width=state.width)
+        gauges = self._gauges(pool, table, now, lane_in_flight=stats.in_flight, width=state.width,
+                              now_wanted=wants_reading(state.laws))
         scraper = self._scrapers.get(pool.id)
         elapsed = now - state.decided_at if state.decided_at is not None else 0.0
         signals = Signals(
@@ -138,14 +139,17 @@ class ControlLoop:
                            consumed=signals.completions, consumed_seconds=state.served_seconds)
 
     def _gauges(self, pool: PoolInfo, table: RoutingTable, now: float, *, lane_in_flight: int,
-                width: int) -> Gauges | None:
+                width: int, now_wanted: bool = False) -> Gauges | None:
+        """A reading when one is due: every ``scrape_seconds``, or at once while a growth waits
+        for a reading to judge it (``now_wanted``: laws.wants_reading)."""
         kinds = running_kinds(pool)
         scraping = [kinds[k] for k in SCRAPING if k in kinds]
         if not scraping:
             return None
         scraper = self._scrapers.setdefault(pool.id, Scraper())
         held = self._held(pool, table, scraper, width)
-        gauges = scraper.read(pool, table, now, every=min(p["scrape_seconds"] for p in scraping),
+        every = 0.0 if now_wanted else min(p["scrape_seconds"] for p in scraping)
+        gauges = scraper.read(pool, table, now, every=every,
                               timeout=min(p["timeout_seconds"] for p in scraping),
                               stale=min(p.get("stale_seconds", 60.0) for p in scraping), held=held)
         if gauges is not None and pool.endpoints and self.replicas is not None:

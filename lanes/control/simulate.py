@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from lanes.control.laws import Bounds, Gauges, Signals
+from lanes.control.laws import Bounds, Gauges, Signals, wants_reading
 
 Decide = Callable[[Signals, Bounds, dict], int]
 
@@ -286,8 +286,9 @@ def simulate(scenario: Scenario, decide: Decide, per_request: PerRequest | None 
     last_scrape = [None]
 
     def lagged_gauges(now: float) -> Gauges | None:
-        if sc.scrape_s is not None and last_scrape[0] is not None and now - last_scrape[0] < sc.scrape_s - 1e-9:
-            return None  # throttled: no new reading this decision
+        if (sc.scrape_s is not None and last_scrape[0] is not None and now - last_scrape[0] < sc.scrape_s - 1e-9
+                and not wants_reading(memo)):
+            return None  # throttled: no new reading this decision (none waited for, as the loop does)
         last_scrape[0] = now
         if sc.scrape_fail and scrape_rng.random() < sc.scrape_fail:
             return Gauges(ok=False, error="timed out")

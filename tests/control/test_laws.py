@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from lanes.catalog.controllers import normalise
-from lanes.control.laws import Bounds, Gauges, Signals, compose, overload_law, utilisation_law, vllm_law
+from lanes.control.laws import (Bounds, Gauges, Signals, compose, overload_law, utilisation_law, vllm_law,
+                                wants_reading)
 
 OVERLOAD = normalise({}, "overload")
 VLLM = normalise({}, "vllm")
@@ -400,6 +401,34 @@ def test_a_growth_needs_every_controller_to_agree():
     s = Signals(width=10, in_flight=10, waiting=5, admitted=3, gauges=gauges(10, kv=0.9))
     composed = compose({"overload": OVERLOAD, "vllm": VLLM}, s, WIDE, {})
     assert composed.width == 10 and composed.decision == "hold"
+
+
+def test_a_growth_past_what_was_measured_asks_for_a_reading_at_every_decision_until_one_judges_it():
+    # While a growth the backend cannot run is out, every request admitted waits in vLLM:
+    # the loop reads the gauges at each decision (not at the scrape cadence) until a reading
+    # taken gauge_lag_seconds after the change judges it.
+    memos: dict = {}
+    lag = VLLM["gauge_lag_seconds"]
+    grew = compose({"vllm": VLLM}, Signals(width=10, in_flight=10, waiting=30, gauges=gauges(9)), WIDE, memos)
+    assert grew.width == 17 and wants_reading(memos)  # into the room no reading has judged
+    early = Signals(width=17, in_flight=17, waiting=30, gauges=gauges(16, kv=0.8), width_age_seconds=lag / 2)
+    assert compose({"vllm": VLLM}, early, WIDE, memos).decision == "hold" and wants_reading(memos)
+    judged = Signals(width=17, in_flight=17, waiting=0, gauges=gauges(15, kv=0.8), width_age_seconds=lag + 1)
+    assert compose({"vllm": VLLM}, judged, WIDE, memos).decision == "hold" and not wants_reading(memos)
+    # A saturated reading cuts at once, however early, and nothing is waited for after it.
+    memos = {}
+    compose({"vllm": VLLM}, Signals(width=10, in_flight=10, waiting=30, gauges=gauges(9)), WIDE, memos)
+    cut = Signals(width=17, in_flight=17, waiting=30, gauges=gauges(12, 5, 5, kv=0.6), width_age_seconds=1.0)
+    assert compose({"vllm": VLLM}, cut, WIDE, memos).decision == "cut" and not wants_reading(memos)
+    # Back up to a capacity already measured: nothing new to judge, the scrape cadence stands.
+    memos = {"vllm": {"cap": 100, "cap_endpoints": 1, "measured": 100}}
+    back = compose({"vllm": VLLM}, Signals(width=50, in_flight=50, waiting=30, gauges=gauges(50, kv=0.25)), WIDE, memos)
+    assert back.width == 100 and not wants_reading(memos)
+    # A growth another controller vetoes is no growth: nothing is waited for.
+    memos = {}
+    vetoed = compose({"overload": OVERLOAD, "vllm": VLLM},
+                     Signals(width=10, in_flight=10, waiting=30, admitted=3, gauges=gauges(9)), WIDE, memos)
+    assert vetoed.width <= 10 and not wants_reading(memos)
 
 
 # --- the lane's answers judge a probe and look twice at a drop ---

@@ -6,6 +6,8 @@ the real scripts.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from lanes.catalog import apply_document, open_catalog
@@ -74,6 +76,27 @@ def overload(rt, pool, generation, status=529, priority=Priority.INTERACTIVE):
     for observer in rt.observers:
         observer.on_attempt(Attempt(workflow="chat", model="m", pool=pool.name, pool_id=pool.id, priority=priority,
                                     outcome="failed", status=status, generation=generation))
+
+
+def test_a_growth_waiting_for_its_judgment_is_read_at_the_next_decision_not_at_the_scrape_cadence(setup):
+    rt, engine, clock = setup
+    apply_document(engine, document({"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 60.0,
+                                     "timeout_seconds": 0.2}))
+    loop, lease, _, pool = leader(rt)
+    tick(rt, loop, clock, lease)  # starts from the configured width
+    tick(rt, loop, clock, lease)  # the first scrape (nothing listens at the model's address)
+    scraper = loop._scrapers[pool.id]
+    first = scraper.last_at
+    tick(rt, loop, clock, lease)
+    assert scraper.last_at == first  # the cadence: one scrape a minute
+    # A growth is out that no reading has judged yet (laws.wants_reading), as its decision left it.
+    state_key = rt.control.ns.control_state(pool.id)
+    laws = json.loads(rt.client.hget(state_key, "laws") or "{}")
+    laws.setdefault("vllm", {})["unjudged_growth"] = True
+    rt.client.hset(state_key, "laws", json.dumps(laws))
+    tick(rt, loop, clock, lease)
+    assert scraper.last_at == clock.monotonic() != first  # read now, 2 s after the last scrape
+    assert rt.control.read(pool.id).laws["vllm"].get("unjudged_growth")  # a failed reading judges nothing
 
 
 def test_a_burst_of_stale_overload_answers_costs_exactly_one_cut(setup):
