@@ -65,7 +65,13 @@ class SimProcess:
             return False
 
     def served(self) -> int:
-        return sum(m["served"] for m in httpx.get(f"http://127.0.0.1:{self.port}/admin/stats", timeout=5).json().values())
+        return self._total("served")
+
+    def in_flight(self) -> int:
+        return self._total("in_flight")
+
+    def _total(self, name: str) -> int:
+        return sum(m[name] for m in httpx.get(f"http://127.0.0.1:{self.port}/admin/stats", timeout=5).json().values())
 
     def kill(self) -> None:
         self.proc.kill()
@@ -114,6 +120,7 @@ def test_two_replicas_listed_apart_are_summed_shared_and_a_dead_one_is_left_out(
         assert min(served) >= 0.3 * sum(served), served  # calls go to both, by in-flight count
 
         # One replica dies (connection refused): calls stop going to it, the width follows the survivor.
+        held = second.in_flight()  # what it serves as it dies: with the width at 9, five calls may be there
         second.kill()
         time.sleep(3)
         before = first.served()
@@ -137,8 +144,9 @@ def test_two_replicas_listed_apart_are_summed_shared_and_a_dead_one_is_left_out(
         balancer.stop()
         first.stop()
         second.stop()
-    # Only the calls the dying replica was serving (at most its 4 slots) failed; no call was sent to it after.
-    assert len(load.errors) <= 4, load.errors
+    # Only the calls the dying replica was serving failed (+1: a call that took a slot there
+    # between the reading and the kill); no call was sent to it after.
+    assert len(load.errors) <= held + 1, (held, load.errors)
     assert all("peer closed connection" in str(e) or "could not be reached" in str(e) for e in load.errors)
 
 
