@@ -114,7 +114,12 @@ def children_by_queue(dep, fleet: str) -> dict[str, int]:
     """The fleet's worker processes by the queue set they were started for."""
     found = {}
     for pid in dep.worker_children(fleet):
-        args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        try:
+            args = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+        except FileNotFoundError:
+            continue  # it exited (was reaped) since it was listed
+        if args == [b""]:
+            continue  # a zombie: dead, not yet reaped
         found["foreground" if b"--foreground" in args else "background"] = pid
     return found
 
