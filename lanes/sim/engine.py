@@ -216,11 +216,13 @@ class EngineCore:
             self.counters.steps += 1
         # What this schedule left waiting. Requests that arrived since the
         # last schedule are appended at the tail and nothing else is unmarked
-        # (the requeued go to the front marked): mark from the tail back.
+        # (the requeued go to the front marked): mark from the tail back; one
+        # not yet arrived (``queued_at`` ahead) is not in the queue yet.
         for request in reversed(self.waiting):
             if request.left_waiting:
                 break
-            request.left_waiting = True
+            if request.queued_at <= now:
+                request.left_waiting = True
         # vLLM steps (and reports) whenever it holds requests, even when it can
         # schedule none of them; with none left it stays idle, gauges unchanged.
         return admitted or self.step is not None or bool(self.waiting) or bool(self.running)
