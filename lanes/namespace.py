@@ -9,6 +9,7 @@ Lanes keeps in Redis is named here, under the deployment's ``key_prefix``
     {prefix}:trace:<task id>                list    a task's routing trace
     {prefix}:run:<task id>                  string  the run lease of the delivery running a task (left to lapse when the task ends)
     {prefix}:submitted:<task id>            string  a task submitted through Lanes (its workflow), for the result TTL
+    {prefix}:revoked:<task id>              string  a task revoked through Lanes, read by every later delivery, for the result TTL
     {prefix}:idem:<workflow>:<key>          string  idempotency key -> task id
     {prefix}:accepted:<task id>             string  a task submit queued (on the result store's Redis)
     {{prefix}:breaker:<model>}:state        hash    a backend's breaker
@@ -60,6 +61,9 @@ class Namespace:
 
     def submitted(self, task_id: str) -> str:
         return f"{self.prefix}:submitted:{task_id}"
+
+    def revoked(self, task_id: str) -> str:
+        return f"{self.prefix}:revoked:{task_id}"
 
     def task_run(self, task_id: str) -> str:
         return f"{self.prefix}:run:{task_id}"

@@ -8,15 +8,19 @@ from typing import Any, Callable
 
 
 def eventually(probe: Callable[[], Any], *, timeout: float = 5.0, what: str = "condition",
-               interval: float = 0.005) -> Any:
-    """Poll ``probe`` until it returns something truthy; return that value."""
+               interval: float = 0.005, shown: Callable[[], Any] | None = None) -> Any:
+    """Poll ``probe`` until it returns something truthy; return that value.
+
+    ``shown``: what a timeout reports besides the probe's last value (the
+    state a comparison was made on, say)."""
     deadline = time.monotonic() + timeout
     while True:
         value = probe()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}; last value {value!r}")
+            seen = f"; {shown()!r}" if shown is not None else ""
+            raise AssertionError(f"timed out waiting for {what}; last value {value!r}{seen}")
         time.sleep(interval)
 
 

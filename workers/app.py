@@ -235,6 +235,11 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
             claim = context.runs().claim(task_id, _started(task))
             if claim.finished is not None:
                 raise Ignore()  # a late copy of a task that already ended
+            if claim.revoked:
+                # Revoked before this delivery, perhaps while no running worker
+                # held it (a worker started after the revoke never heard it).
+                task.backend.mark_as_revoked(task_id, "revoked before it ran", request=task.request)
+                raise Ignore()
             lease = claim.token
             if lease is None:
                 # Another delivery runs this task now (the broker handed it out

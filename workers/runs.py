@@ -62,11 +62,13 @@ class Started:
 @dataclass(frozen=True)
 class Claim:
     """What a delivery found: its lease token when it runs the task, the
-    task's end state when the task had already ended, neither when another
-    delivery runs it now."""
+    task's end state when the task had already ended, ``revoked`` when a
+    revoke through Lanes came before it, none of these when another delivery
+    runs it now."""
 
     token: str | None = None
     finished: str | None = None
+    revoked: bool = False
 
 
 class RunLeases:
@@ -85,7 +87,7 @@ class RunLeases:
         holds it; with the lease, the task's result says ``started``."""
         token = uuid.uuid4().hex
         try:
-            reply = self._claim(keys=[self._names.task_run(task_id), started.key],
+            reply = self._claim(keys=[self._names.task_run(task_id), started.key, self._names.revoked(task_id)],
                                 args=[token, self._ttl_ms, started.value, started.ttl_seconds])
         except REDIS_UNAVAILABLE as exc:
             raise RedisUnavailable(f"Redis did not answer the run lease of task {task_id}: {exc}") from exc
@@ -96,6 +98,8 @@ class RunLeases:
             return Claim(token=token)
         if outcome == "finished":
             return Claim(finished=text(reply[1]))
+        if outcome == "revoked":
+            return Claim(revoked=True)
         return Claim()
 
     def release(self, task_id: str, token: str, *, ended: bool = False) -> None:

@@ -261,6 +261,11 @@ class LanesClient:
         a lane has its wait cancelled within a fraction of a second
         (``workers/cancel.py``), leaving nothing queued or held. A backend call
         already under way runs to its end: the threads pool cannot stop it.
+
+        The broadcast reaches the workers running now; the revoke mark, kept
+        as long as results are, reaches every later delivery of the task (a
+        worker started after the revoke, a message handed back by a restart):
+        each checks it before it walks (``workers/scripts/run_claim.lua``).
         """
         _check_task_id(task_id)
         if not self._known(task_id):
@@ -269,6 +274,8 @@ class LanesClient:
                 f"{self.settings.result_ttl_seconds}s (results are kept that long); nothing was revoked"
             )
         try:
+            self.redis.set(Namespace(self.settings.key_prefix).revoked(task_id), 1,
+                           ex=self.settings.result_ttl_seconds)
             self.celery.control.revoke(task_id)
         except Exception as exc:
             detail = _first_line(exc)

@@ -236,7 +236,7 @@ def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch
     waiting = [dep.client.submit("w", CHAT) for _ in range(2)]  # both worker threads wait in the lane
     eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
     queued = dep.client.submit("w", CHAT)  # taken by no worker yet
-    dep.client.celery.control.revoke(queued.id)
+    dep.client.revoke(queued.id)
 
     wider = json.loads(json.dumps(RENAME_DOC))
     wider["pools"][0]["width"] = 2
@@ -246,8 +246,27 @@ def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch
     hold.release()
     for task in waiting:
         assert task.get(timeout=60)["model"] == "m"
-    eventually(lambda: state(dep, queued.id) == "REVOKED", timeout=60, what="the revoked task to be discarded")
+    eventually(lambda: state(dep, queued.id) == "REVOKED", timeout=60, what="the revoked task to be discarded",
+               shown=lambda: state(dep, queued.id))
     assert calls_of(dep, queued.id) == []
+
+
+def test_a_task_revoked_while_no_worker_runs_is_dropped_by_the_worker_started_after(launch):
+    # No worker hears the revoke's broadcast: the one started afterwards learns
+    # it from the revoke's mark in Redis when it takes the message.
+    dep = launch(RENAME_DOC, [SimModel(name="m", capacity=8, service_ms=50.0)], ["gpu"])
+    dep.stop_worker("gpu")
+    revoked = dep.client.submit("w", CHAT)
+    kept = dep.client.submit("w", CHAT)
+    report = dep.client.revoke(revoked.id)
+    assert report["state"] == "PENDING"  # queued, no worker has seen it
+
+    dep.start_worker("gpu")
+    assert kept.get(timeout=60)["model"] == "m"
+    eventually(lambda: state(dep, revoked.id) == "REVOKED", timeout=30, what="the revoked task to be discarded",
+               shown=lambda: state(dep, revoked.id))
+    assert calls_of(dep, revoked.id) == []
+    assert dep.client.result(revoked.id)["state"] == "REVOKED"
 
 
 def test_a_dropped_broker_connection_mid_call_does_not_call_the_backend_again(launch, private_redis):

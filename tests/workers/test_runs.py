@@ -85,6 +85,27 @@ def test_a_copy_of_an_ended_task_takes_no_lease_and_leaves_its_result(route, end
     assert client.get(task.backend.get_key_for_task("task-1")) == before
 
 
+def test_a_task_revoked_through_lanes_takes_no_lease_and_writes_nothing(route):
+    task, client = route
+    client.set("lanes:revoked:task-1", 1)  # what LanesClient.revoke leaves for later deliveries
+
+    claim = RunLeases(client, prefix="lanes", ttl_seconds=60).claim("task-1", _started(task))
+
+    assert claim == Claim(revoked=True)
+    assert client.get("lanes:run:task-1") is None
+    assert client.get(task.backend.get_key_for_task("task-1")) is None  # the worker stores REVOKED
+
+
+def test_an_ended_task_stays_ended_when_revoked_afterwards(route):
+    task, client = route
+    task.backend.store_result("task-1", {"answer": "kept"}, states.SUCCESS)
+    client.set("lanes:revoked:task-1", 1)
+
+    claim = RunLeases(client, prefix="lanes", ttl_seconds=60).claim("task-1", _started(task))
+
+    assert claim == Claim(finished=states.SUCCESS)
+
+
 def test_a_released_lease_lets_the_next_delivery_run(route):
     task, client = route
     leases = RunLeases(client, prefix="lanes", ttl_seconds=60)

@@ -4,12 +4,15 @@
 --
 -- KEYS[1]  the task's run lease   {prefix}:run:<task id>   (string: the holder's token)
 -- KEYS[2]  the task's Celery result   celery-task-meta-<task id>   (string: JSON)
+-- KEYS[3]  the task's revoke mark   {prefix}:revoked:<task id>   (set by a revoke through Lanes)
 -- ARGV[1]  this delivery's token
 -- ARGV[2]  the lease's time to live, ms
 -- ARGV[3]  the STARTED result to store, encoded as Celery's backend encodes it
 -- ARGV[4]  the result's time to live, seconds (0: none, as result_expires=None)
 --
 -- Returns {'finished', state} when the task already ended (nothing written),
+-- {'revoked'} when it was revoked before this delivery (nothing written: the
+-- worker stores REVOKED as Celery does, with the task's request),
 -- {'busy'} when another delivery holds the lease (nothing written), and
 -- {'run'} when this delivery holds the lease and the result says STARTED
 -- (published on the result's key as Celery's Redis backend does).
@@ -20,6 +23,9 @@ if stored then
   if state == 'SUCCESS' or state == 'FAILURE' or state == 'REVOKED' then
     return {'finished', state}
   end
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {'revoked'}
 end
 if not redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return {'busy'}
