@@ -400,6 +400,13 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         margin = max(1.0, s.in_flight * max(LANE_MARGIN, 3 / math.sqrt(s.completions)))
     if margin is None or s.in_flight - ran <= margin:
         return None
+    if not again and not memo.get("was_full"):
+        # In flight is a count at one instant, the answers a mean over the interval: under a
+        # load below the width, a burst of arrivals just before the decision looks like work
+        # waiting in vLLM (F9: 100 in flight after a burst, 83 answered, 69 in flight at the
+        # decision before). Work waits in vLLM only behind a lane kept full: the lane must
+        # have been full at the decision before too.
+        return None
     target = bounds.clamp(max(proven, math.floor(ran)) if above else math.floor(ran))
     if target >= s.width:
         return None
@@ -454,6 +461,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     by default) are rarer than decisions."""
     width, g = s.width, s.gauges
     memo["decisions"] = memo.get("decisions", 0) + 1  # every decision (``n`` counts readings)
+    memo["was_full"], memo["full"] = memo.get("full", False), s.in_flight >= width
     if g is not None:
         probing.tick(memo)
     saturated, why = saturation(g, params) if g is not None and g.ok else (False, "")

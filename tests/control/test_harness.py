@@ -131,6 +131,18 @@ def test_in_the_field_a_probe_above_the_running_cap_ends_on_the_lanes_answers(fa
     assert run.over_requests <= 0.05
 
 
+def test_in_the_field_a_burst_under_a_load_below_the_width_is_not_taken_for_work_waiting_in_vllm():
+    # F9: a Poisson load of 85 on capacity 100. A burst fills the lane of 100 just before a
+    # decision while the interval's answers show 83 run at once; the decision before, 69 were
+    # in flight. Nothing waited in vLLM: the width stays at the capacity.
+    run = simulate(Scenario("load 85", ((0, 100),), 85, cycles=80, arrival_rate=85.0, **FIELD), LAW["gauges"])
+    settled = run.cycles_to_settle()
+    assert settled is not None and settled <= 10, run.widths
+    assert run.range_after(40)[0] >= 90, run.widths  # was 83 from decision 28 on
+    assert run.idle_slots <= 0.02, run.idle_slots  # was 11 %
+    assert run.over_requests <= 0.05
+
+
 def test_in_the_field_a_drop_is_looked_at_twice_by_the_lanes_answers():
     # F6: the capacity halves every other 40 s. The lane's first estimate after a drop reads high
     # (the batch above the new capacity is still finishing in its interval); its second look,
