@@ -51,6 +51,7 @@ from lanes.catalog.controllers import normalise  # noqa: E402
 from lanes.control.laws import Bounds, Signals, compose  # noqa: E402
 from lanes.control.simulate import Scenario, simulate  # noqa: E402
 
+from control_physical import print_field_table as physical_field_table  # noqa: E402
 from control_physical import print_table as physical_table  # noqa: E402
 
 
@@ -284,6 +285,7 @@ def main(argv: list[str]) -> int:
                   f"{run.idle_slots:>6.0%} {run.over_requests:>8.1%}"
                   + (f"  itl p95 {run.itl_p95 * 1000:.0f} ms" if run.itl_p95 is not None else ""), flush=True)
     physical_table({**GAUGE_LAWS, "ours (utilisation)": ours("utilisation")}, args.smoke)
+    physical_field_table(GAUGE_LAWS, args.smoke)
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

@@ -390,7 +390,18 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # Once per reading (the yardstick was taken at the proven width, not at this one), and
         # not on the interval the yardstick came from (it would judge itself); see _rejudged.
         return None
+    if s.in_flight > s.width:
+        # The lane drains a cut: what waits in vLLM above the width was cut for already (a
+        # count of 488 in flight at width 178 read as 7 run at once once sent a pool to 7).
+        return None
     above = s.width > proven
+    g = s.gauges
+    if not above and g is not None and g.ok and g.complete and (
+            g.waiting_capacity if g.waiting_capacity is not None else g.waiting) <= 0:
+        # A reading of this decision, inside the interval, saw the backend run the width
+        # (``proven``) with nothing waiting: it did not shrink. Calls that took longer than the
+        # yardstick were slower, not waiting (a decode step slows as the batch grows).
+        return None
     ran = s.completions / s.window_seconds * call
     if again:
         memo["lane_cut"] = True  # one second look, no more

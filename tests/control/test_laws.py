@@ -254,6 +254,32 @@ def test_a_drop_below_what_a_reading_showed_is_cut_by_the_lanes_answers_without_
     assert cut.width == 50 and memo["measured"] == 50 and not memo.get("cap_lane")
 
 
+def test_a_reading_inside_the_interval_that_saw_the_width_run_with_nothing_waiting_overrules_the_lanes_answers():
+    # vLLM's decode step slows as the batch grows: at 64 running a call takes 2.5 s against the
+    # yardstick's 1 s. The same answers read alone as a backend shrunk to 25.
+    def after_a_reading_at_64() -> dict:
+        memo = {}
+        vllm_law(answers(64, 320, g=gauges(64, kv=0.9)), WIDE, VLLM, memo)  # 1 s a call; 64 proven
+        return memo
+
+    slower = answers(64, 128, call=2.5)
+    assert vllm_law(slower, WIDE, VLLM, after_a_reading_at_64()).width == 25
+    # A reading of this decision saw the 64 run and none wait: slower calls, not a shrink. (The
+    # width changed 5 s ago: too recent for the interval to be a new yardstick.)
+    seen = answers(64, 128, call=2.5, g=gauges(64, kv=0.9), age=5.0)
+    assert vllm_law(seen, WIDE, VLLM, after_a_reading_at_64()).decision != "cut"
+
+
+def test_a_lane_draining_a_cut_is_not_judged_by_its_answers():
+    # Cut from 100 to 50: the 100 admitted before finish at the backend's pace. Their few answers
+    # over the interval are not a backend that runs 4 at once (a pool once went to 7 that way).
+    memo = {}
+    vllm_law(answers(100, 500, g=gauges(100, kv=0.5)), WIDE, VLLM, memo)
+    draining = Signals(width=50, in_flight=100, waiting=1000, completions=20, window_seconds=5.0,
+                       served_concurrency=20 * 1.0 / 5.0, width_age_seconds=5.0)
+    assert vllm_law(draining, WIDE, VLLM, memo).decision == "hold"
+
+
 def test_few_answers_or_no_yardstick_leave_the_judging_to_the_readings():
     yardstick = {"proven": 10, "call_s": 1.0}
     # 10 in flight, 40 answers where 50 were due: within the count's own noise (3 / sqrt(40)).
