@@ -18,7 +18,11 @@ the same workers on Celery's threads pool, in one run.
 - in flight: one worker process, a backend of capacity N (1 s per request),
   3N requests: the most in flight at the backend in steady state, CPU seconds
   per request and the worker's resident memory, against the threads pool at
-  its largest (64 threads per queue, the old cap).
+  its largest (64 threads per queue, the old cap). ``--processes P`` shares
+  the queue among P processes holding 1.5N/P each (N in flight, N/2 waiting
+  in the lane), ``--service-ms`` sets the
+  backend's time per request; Redis's CPU per request and peak memory are
+  reported too.
 
 Each case runs through a real Redis (embedded), real supervised workers and
 the simulator in a process of its own.
@@ -153,38 +157,60 @@ def process_cpu_and_rss(pid: int) -> tuple[float, int]:
     return cpu, rss * 1024
 
 
-def in_flight(run: Run, pool: str, held: int, capacity: int) -> dict:
-    sim = RemoteSim([f"wide-model:{capacity}:1000"])
+def redis_cpu_and_memory(url: str) -> tuple[float, int]:
+    info = redis.Redis.from_url(url).info()
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"]), int(info["used_memory"])
+
+
+def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int = 1,
+              service_ms: int = 1000) -> dict:
+    sim = RemoteSim([f"wide-model:{capacity}:{service_ms}"])
     dep = run.deploy(flight_doc(capacity), sim, [])
+    workers = []
+    if processes * (held + 64) > 9_000:
+        # Each process's Redis pool may open one connection per held message in a burst (held +
+        # 64, workers/main.py); Redis's own limit is 10,000 clients. A fleet that holds more
+        # across its processes needs Redis's maxclients raised, as here (docs/DEPLOYMENT.md).
+        redis.Redis.from_url(dep.redis_url).config_set("maxclients", min(19_000, processes * (held + 64) + 1_000))
     try:
-        # The work is queued first, so the worker alone sets the pace (not the submitter).
+        # The work is queued first, so the workers alone set the pace (not the submitter).
         count = capacity * 3
         results = [dep.client.submit("bulk", CHAT) for _ in range(count)]
-        # One worker process of the background queue, holding ``held`` messages
-        # (the threads pool: one thread each; its old cap was 64 a queue).
-        proc = subprocess.Popen([sys.executable, "-m", "workers.main", "--fleet", "wide", "--background",
-                                 str(held), "--pool", pool, "--loglevel", os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING")], env=dep.env, cwd=ROOT)
-        dep.workers["wide"] = proc
-        worker = proc.pid
+        redis_cpu0, _ = redis_cpu_and_memory(dep.redis_url)
+        # ``processes`` worker processes of the background queue, each holding
+        # ``held`` messages (the threads pool: one thread each; its old cap was 64 a queue).
+        for n in range(processes):
+            proc = subprocess.Popen([sys.executable, "-m", "workers.main", "--fleet", "wide", "--background",
+                                     str(held), "--pool", pool, "--loglevel",
+                                     os.environ.get("BENCH_WORKER_LOGLEVEL", "WARNING")], env=dep.env, cwd=ROOT)
+            dep.workers["wide" if n == 0 else f"wide-{n}"] = proc
+            workers.append(proc.pid)
         # For a profiler to attach to (py-spy record --pid).
-        print(f"inflight worker pid {worker}", flush=True)
-        cpu0, _ = process_cpu_and_rss(worker)
+        print(f"inflight worker pids {workers}", flush=True)
+        cpu0 = sum(process_cpu_and_rss(pid)[0] for pid in workers)
         samples = []
-        deadline = time.monotonic() + 600
+        redis_peak = 0
+        deadline = time.monotonic() + 600 + 4 * service_ms / 1000
         while time.monotonic() < deadline:
             stats = sim.stats()["wide-model"]
             samples.append((stats["served"], stats["in_flight"]))
+            redis_peak = max(redis_peak, redis_cpu_and_memory(dep.redis_url)[1])
             if stats["served"] >= count:
                 break
             time.sleep(0.25)
         finish(dep, results, 120)
-        cpu1, rss = process_cpu_and_rss(worker)
+        ends = [process_cpu_and_rss(pid) for pid in workers]
+        redis_cpu1, _ = redis_cpu_and_memory(dep.redis_url)
         # Steady state: the middle third of the work (the first and last thirds
         # are the ramp up and the drain of the backlog).
         steady = sorted(flying for served, flying in samples if capacity <= served <= count - capacity) or [0]
         return {"steady_in_flight_median": steady[len(steady) // 2],
                 "max_in_flight": max((flying for _, flying in samples), default=0),
-                "cpu_s_per_request": round((cpu1 - cpu0) / count, 5), "worker_rss_mb": round(rss / 2**20, 1)}
+                "width": capacity, "requests": count,
+                "cpu_s_per_request": round((sum(cpu for cpu, _ in ends) - cpu0) / count, 5),
+                "worker_rss_mb": [round(rss / 2**20, 1) for _, rss in ends],
+                "redis_cpu_s_per_request": round((redis_cpu1 - redis_cpu0) / count, 5),
+                "redis_peak_memory_mb": round(redis_peak / 2**20, 1)}
     finally:
         dep.close()
         sim.stop()
@@ -198,6 +224,10 @@ def main(argv: list[str]) -> int:
                         help="in flight: the simulator's capacity (default 1000; --smoke 50)")
     parser.add_argument("--pools", nargs="*", default=["gevent", "threads"], choices=["gevent", "threads"],
                         help="in flight: the worker pools to run (default both)")
+    parser.add_argument("--processes", type=int, default=1,
+                        help="in flight: worker processes sharing the queue (default 1)")
+    parser.add_argument("--service-ms", type=int, default=1000,
+                        help="in flight: the backend's time per request (default 1000)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as work:
         run = Run(Path(work))
@@ -214,8 +244,12 @@ def main(argv: list[str]) -> int:
                 for pool, held in (("gevent", max(2000, capacity)), ("threads", 64)):
                     if pool not in args.pools:
                         continue
-                    print(f"inflight {pool:7s} held {held:5d} capacity {capacity}: "
-                          f"{in_flight(run, pool, held, capacity)}", flush=True)
+                    if args.processes > 1:
+                        held = -(-3 * capacity // (2 * args.processes))  # together: the width in flight, half as many waiting
+                    print(f"inflight {pool:7s} held {held:5d} x {args.processes} capacity {capacity} "
+                          f"service {args.service_ms} ms: "
+                          f"{in_flight(run, pool, held, capacity, processes=args.processes, service_ms=args.service_ms)}",
+                          flush=True)
         finally:
             run.close()
     return 0
