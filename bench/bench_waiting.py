@@ -157,8 +157,8 @@ def process_cpu_and_rss(pid: int) -> tuple[float, int]:
     return cpu, rss * 1024
 
 
-def redis_cpu_and_memory(url: str) -> tuple[float, int]:
-    info = redis.Redis.from_url(url).info()
+def redis_cpu_and_memory(client: redis.Redis) -> tuple[float, int]:
+    info = client.info()
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"]), int(info["used_memory"])
 
 
@@ -167,16 +167,17 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
     sim = RemoteSim([f"wide-model:{capacity}:{service_ms}"])
     dep = run.deploy(flight_doc(capacity), sim, [])
     workers = []
+    server = redis.Redis.from_url(dep.redis_url)
     if processes * (held + 64) > 9_000:
         # Each process's Redis pool may open one connection per held message in a burst (held +
         # 64, workers/main.py); Redis's own limit is 10,000 clients. A fleet that holds more
-        # across its processes needs Redis's maxclients raised, as here (docs/DEPLOYMENT.md).
-        redis.Redis.from_url(dep.redis_url).config_set("maxclients", min(19_000, processes * (held + 64) + 1_000))
+        # across its processes needs Redis's maxclients raised, as here (docs/SCHEDULING.md).
+        server.config_set("maxclients", min(19_000, processes * (held + 64) + 1_000))
     try:
         # The work is queued first, so the workers alone set the pace (not the submitter).
         count = capacity * 3
         results = [dep.client.submit("bulk", CHAT) for _ in range(count)]
-        redis_cpu0, _ = redis_cpu_and_memory(dep.redis_url)
+        redis_cpu0, _ = redis_cpu_and_memory(server)
         # ``processes`` worker processes of the background queue, each holding
         # ``held`` messages (the threads pool: one thread each; its old cap was 64 a queue).
         for n in range(processes):
@@ -194,13 +195,13 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
         while time.monotonic() < deadline:
             stats = sim.stats()["wide-model"]
             samples.append((stats["served"], stats["in_flight"]))
-            redis_peak = max(redis_peak, redis_cpu_and_memory(dep.redis_url)[1])
+            redis_peak = max(redis_peak, redis_cpu_and_memory(server)[1])
             if stats["served"] >= count:
                 break
             time.sleep(0.25)
         finish(dep, results, 120)
         ends = [process_cpu_and_rss(pid) for pid in workers]
-        redis_cpu1, _ = redis_cpu_and_memory(dep.redis_url)
+        redis_cpu1, _ = redis_cpu_and_memory(server)
         # Steady state: the middle third of the work (the first and last thirds
         # are the ramp up and the drain of the backlog).
         steady = sorted(flying for served, flying in samples if capacity <= served <= count - capacity) or [0]
@@ -212,6 +213,7 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
                 "redis_cpu_s_per_request": round((redis_cpu1 - redis_cpu0) / count, 5),
                 "redis_peak_memory_mb": round(redis_peak / 2**20, 1)}
     finally:
+        server.close()
         dep.close()
         sim.stop()
 
