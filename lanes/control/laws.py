@@ -272,6 +272,30 @@ def _cap_back_off(memo: dict, params: dict, *, probed: bool) -> None:
     memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(backoff * max(1.0, share * 4))
 
 
+def _cap_agrees(memo: dict, cap: int, endpoints) -> bool:
+    """Whether a running cap a reading just measured agrees with the one before it (within
+    ``CAP_AGREES``). One reading can show work waiting while the batch has room (a burst of
+    admissions waiting for the step's token budget, not max_num_seqs): a cap is kept for its
+    back-off once a second measurement agrees. (A cap from the lane's answers keeps its back-off
+    at once: made a first measurement too, it cost F3 2.8 -> 7.7 % and F6 7.5 -> 19.5 % of
+    requests on the engines, in probes during the swings.)"""
+    previous = memo.get("cap") if memo.get("cap_endpoints") == endpoints else None
+    return previous is not None and abs(cap - previous) <= CAP_AGREES * previous
+
+
+def _cap_measured(memo: dict, params: dict, *, confirmed: bool, probed: bool) -> None:
+    """The back-off after a cut to the running cap: the cap's own when it is confirmed; a
+    single reading (more at small caps) when it is a first measurement, so the probe above it
+    then confirms it or, running more, raises it (``cap_unconfirmed``)."""
+    memo["cap_unconfirmed"] = not confirmed
+    if confirmed:
+        _cap_back_off(memo, params, probed=probed)
+    else:
+        # Stretched at small caps as the back-off is: +1 at a cap of 1 is +100 %.
+        share = probing.step(memo["cap"], params["probe_fraction"]) / max(1, memo["cap"])
+        memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(max(1.0, share * 4))
+
+
 def _cap(memo: dict, g: Gauges) -> int | None:
     """The running cap measured on this pool's endpoints (another set of endpoints has another)."""
     cap = memo.get("cap")
@@ -283,6 +307,8 @@ def _cap(memo: dict, g: Gauges) -> int | None:
 # ran (by that mean) before the difference is taken for work waiting in vLLM (noise in call
 # times, a batch that slows its steps as it grows).
 LANE_MIN_COMPLETIONS = 20
+# Two measurements of the running cap this close (a share of the first) are the same cap.
+CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
 # A yardstick taken after a cut by the lane's evidence that is this much longer than the one the
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
@@ -314,7 +340,8 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed",
+                        "cap_unconfirmed"):
                 memo.pop(key, None)
 
 
@@ -396,11 +423,14 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         return None
     above = s.width > proven
     g = s.gauges
-    if not above and g is not None and g.ok and g.complete and (
-            g.waiting_capacity if g.waiting_capacity is not None else g.waiting) <= 0:
-        # A reading of this decision, inside the interval, saw the backend run the width
-        # (``proven``) with nothing waiting: it did not shrink. Calls that took longer than the
-        # yardstick were slower, not waiting (a decode step slows as the batch grows).
+    judged_after = g is not None and probing.evidence_after_change(s.width_age_seconds, g.age_seconds,
+                                                                    params["gauge_lag_seconds"])
+    if g is not None and g.ok and g.complete and (
+            g.waiting_capacity if g.waiting_capacity is not None else g.waiting) <= 0 and (not above or judged_after):
+        # A reading of this decision, inside the interval, saw nothing waiting: at or below
+        # ``proven`` the backend did not shrink; above it, taken after the growth, the growth
+        # held. Calls that took longer than the yardstick were slower, not waiting (a decode
+        # step slows as the batch grows, and prefills of the newly admitted share its steps).
         return None
     ran = s.completions / s.window_seconds * call
     if again:
@@ -503,7 +533,11 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # (exact in flight, one noisy gauge instead of two): the larger of the two, so a
             # running gauge read low is not taken for a lower cap.
             queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
-            running = max(running, int(s.in_flight - queued))
+            if probing.evidence_after_change(s.width_age_seconds, g.age_seconds, params["gauge_lag_seconds"]):
+                # Only at the width the reading saw: right after a change the count is of
+                # another width (698 in flight less 171 waiting 6 s before read 527 for 512).
+                running = max(running, int(s.in_flight - queued))
+            confirmed = _cap_agrees(memo, running, g.endpoints)
             memo["cap"], memo["cap_endpoints"] = running, g.endpoints
             memo.pop("cap_lane", None)
         # Work waiting while the cache has room: the running count is the cap, however old the
@@ -517,8 +551,9 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         memo["measured"], memo["failed"] = target, width
         probing.failed(memo, width, target, params, probed=probed)
         if capped:
-            _cap_back_off(memo, params, probed=cap is not None and width > cap)
-        cap_why = f"; the running cap {running} (KV cache {g.kv_usage:.0%})" if capped else ""
+            _cap_measured(memo, params, confirmed=confirmed, probed=cap is not None and width > cap)
+        cap_why = (f"; the running cap {running} (KV cache {g.kv_usage:.0%})"
+                   + ("" if confirmed else ", to be confirmed by a probe") if capped else "")
         return Proposal(target, "cut", f"saturated ({why}); cut to the {running} running{cap_why}{partial}")
     # Near full by the gauges *and* by the lane's own count: the gauges lag dispatch by
     # seconds, so a scrape can still show the lane's last burst after it has emptied.
@@ -539,19 +574,23 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
              f"(+{params['gauge_lag_seconds']:g}s of gauge lag): waiting for a fresh one")
     cap = _cap(memo, g)
     if cap is not None and width >= cap:
-        if width > cap and g.running + g.held > cap and memo.get("cap_lane"):
+        if width > cap and g.running + g.held > cap and (memo.get("cap_lane") or memo.get("cap_unconfirmed")):
             # The lane's cap is an estimate, low if anything (taken while the excursion's calls
-            # were starting): a probe above it that ran more raises it to what ran, and the next
+            # were starting), and a first cap a reading measured may be a burst's prefill
+            # backlog: a probe above it that ran more raises it to what ran, and the next
             # probe follows at the next reading until one fails (the gauges then measure the
-            # cap exactly). No jump into the KV room, which only the next reading could judge.
+            # cap exactly). No jump into the KV room, which only the next reading could judge
+            # (from a first cap of 446 of 512 it went to 673, and 171 waited).
             memo["cap"] = memo["measured"] = int(g.running + g.held)
             memo["cap_quiet_until"] = memo.get("n", 0)
             probing.held(memo)
-            return _hold(width, f"probe at {width} ran {g.running + g.held:g}: the lane's running cap is raised")
+            whose = "the lane's" if memo.get("cap_lane") else "the first"
+            return _hold(width, f"probe at {width} ran {g.running + g.held:g}: {whose} running cap is raised")
         if width > cap and g.running + g.held > cap:
             # More ran than the cap with nothing waiting (no reading of before the probe can
             # show that): the backend was reconfigured. Growth goes by the KV room again.
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane",
+                        "cap_unconfirmed"):
                 memo.pop(key, None)
             probing.held(memo)
             cap = measured = None
@@ -585,9 +624,18 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if room <= width:
         return _hold(width, f"KV cache {g.kv_usage:.0%} used by {g.running:g} running: room for {room}, "
                             "no more than the width")
-    if measured is not None and width >= measured:
-        # The cache has room above the last measurement (shorter requests, or a grown
-        # backend): the measurement is stale.
+    failed = memo.get("failed")
+    if measured is not None and width >= measured and failed is not None and room <= failed:
+        # Room for no more than the width that just failed: the same probe again, so it waits
+        # the probe back-off (doubling while such probes fail), or the pool probes the cache's
+        # edge at every reading (at KV 92 %, "room for 21" at 20, failing each time).
+        gate = _probe_gate(width, memo)
+        if gate:
+            return _hold(width, f"KV cache {g.kv_usage:.0%} used: room for {room}, no more than the {failed} "
+                                f"that failed; {gate}")
+    elif measured is not None and width >= measured:
+        # The cache has room above the last measurement and the width that failed (shorter
+        # requests, or a grown backend): the measurement is stale.
         memo.pop("measured", None)
         probing.held(memo)
     target = min(room, math.ceil(width * params["headroom_factor"]), s.in_flight + s.waiting)

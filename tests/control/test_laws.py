@@ -181,10 +181,17 @@ def test_growth_into_the_room_is_bounded_by_its_factor_the_work_waiting_and_the_
 
 
 def test_at_a_running_cap_a_probe_waits_cap_backoff_readings_and_a_cut_by_the_cache_does_not_shorten_it():
+    # The cap is kept for its back-off once two measurements agree (the first waits one reading).
     memo = {}
     near = Signals(width=100, in_flight=100, waiting=50, gauges=gauges(100, kv=0.5))
-    assert vllm_law(Signals(width=160, in_flight=160, waiting=50, gauges=gauges(100, 60, 60)), WIDE, VLLM,
-                    memo).width == 100
+    first = vllm_law(Signals(width=160, in_flight=160, waiting=50, gauges=gauges(100, 60, 60)), WIDE, VLLM, memo)
+    assert first.width == 100 and "to be confirmed" in first.reason
+    # One reading can show a prefill backlog, not max_num_seqs: the cap is probed once more...
+    probe = vllm_law(near, WIDE, VLLM, memo)
+    assert probe.width == 105 and "probe above the running cap 100" in probe.reason
+    # ...and a second measurement that agrees starts the back-off.
+    confirmed = vllm_law(Signals(width=105, in_flight=105, waiting=50, gauges=gauges(100, 5, 5)), WIDE, VLLM, memo)
+    assert confirmed.width == 100 and "running cap 100" in confirmed.reason and "confirmed" not in confirmed.reason
     holds = 0
     while vllm_law(near, WIDE, VLLM, memo).decision == "hold":
         holds += 1
@@ -203,6 +210,47 @@ def test_at_a_running_cap_a_probe_waits_cap_backoff_readings_and_a_cut_by_the_ca
         again += 1
         assert again < 1000
     assert again == 2 * VLLM["cap_backoff"] - 1
+
+
+def test_a_first_cap_read_during_a_prefill_backlog_is_probed_again_at_the_next_reading_not_kept():
+    # 100 admitted at once wait for the step's token budget: one reading shows 86 running and 14
+    # waiting with the cache at 35 %. Kept for cap_backoff readings, it held the pool at 86 of 100
+    # for 70 decisions; now the next reading probes above it.
+    memo = {}
+    cut = vllm_law(Signals(width=100, in_flight=100, waiting=50, gauges=gauges(86, 14, 14, kv=0.35)), WIDE, VLLM,
+                   memo)
+    assert cut.width == 86 and "to be confirmed" in cut.reason
+    probe = vllm_law(Signals(width=86, in_flight=86, waiting=50, gauges=gauges(86, kv=0.4)), WIDE, VLLM, memo)
+    assert probe.width > 86 and "probe above the running cap 86" in probe.reason
+    # The probe that runs more raises the first cap to what ran (no jump into the KV room, which
+    # from a first cap of 446 of 512 went to 673), and the next reading probes again.
+    at_probe = Signals(width=probe.width, in_flight=probe.width, waiting=50, gauges=gauges(probe.width, kv=0.4))
+    ran = vllm_law(at_probe, WIDE, VLLM, memo)
+    assert ran.decision == "hold" and memo["cap"] == probe.width and "first running cap is raised" in ran.reason
+    assert vllm_law(at_probe, WIDE, VLLM, memo).width > probe.width
+
+
+def test_room_for_no_more_than_the_width_that_just_failed_waits_the_probe_back_off():
+    # The cache binds at about 20: at 20 running it reads 92 %, "room for 21"; 21 fails. Before,
+    # the room was tried again at every reading (a failed probe, a cut, a probe...).
+    memo = {}
+    tight = Signals(width=20, in_flight=20, waiting=50, gauges=gauges(20, kv=0.92))
+    failing = Signals(width=21, in_flight=21, waiting=50, gauges=gauges(20, 1, 1, kv=0.95))
+    assert vllm_law(tight, WIDE, VLLM, memo).width == 21
+    pauses = []
+    for _ in range(4):
+        assert vllm_law(failing, WIDE, VLLM, memo).width == 20
+        holds = 0
+        while (proposal := vllm_law(tight, WIDE, VLLM, memo)).decision == "hold":
+            assert "no more than the 21 that failed" in proposal.reason
+            holds += 1
+            assert holds < 1000
+        assert proposal.width == 21
+        pauses.append(holds)
+    assert pauses[1:] == sorted(pauses[1:]) and pauses[-1] >= 2 * pauses[1] > 0, pauses
+    # Room well above the width that failed (shorter requests now) is a stale measurement: grow.
+    roomy = Signals(width=20, in_flight=20, waiting=50, gauges=gauges(20, kv=0.5))
+    assert vllm_law(roomy, WIDE, VLLM, memo).width > 21
 
 
 def test_a_probe_above_the_running_cap_that_runs_more_forgets_the_cap_and_grows_into_the_room():
