@@ -84,7 +84,11 @@ class PhysicalRun:
 
 
 def simulate_physical(sc: PhysicalScenario, decide: Decide) -> PhysicalRun:
-    model = SimModel(name="m", capacity=sc.max_num_seqs, kv_blocks=sc.kv_blocks, tokens=sc.answer_tokens)
+    # The engines keep their step snapshots for the longest lag a scrape asks for (a shorter
+    # keep would show a scrape 6 s behind what is only 3 s old).
+    longest_lag = sc.lag_range[1] if sc.lag_range else sc.lag_s
+    model = SimModel(name="m", capacity=sc.max_num_seqs, kv_blocks=sc.kv_blocks, tokens=sc.answer_tokens,
+                     metrics_lag_s=longest_lag)
     cores = [EngineCore(model, new_rng(model, i)) for i in range(sc.replicas)]
     arrivals = random.Random(sc.seed)
     scrapes = random.Random(sc.seed + 1)  # apart, so scrapes never shift arrivals

@@ -29,6 +29,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable
 
+from lanes.control import histograms
 from lanes.control.laws import Bounds, Gauges, Signals, wants_reading
 
 Decide = Callable[[Signals, Bounds, dict], int]
@@ -84,6 +85,9 @@ class Scenario:
     itl_slope: float = 0.0
     itl_s: float = 0.01
     gauge_noise: float = 0.0  # relative noise (sd) on each gauge reading
+    # A hosted API (tens of thousands at once, no engine to model): the benchmark keeps it on this
+    # harness; every other scenario also runs in front of the simulator's engines.
+    hosted: bool = False
 
     def capacity_at(self, t: float) -> int:
         current = self.capacity[0][1]
@@ -109,9 +113,12 @@ class Run:
     admitted: int = 0
     waited: int = 0  # requests that waited in a replica's queue (vLLM's waiting)
     itl_late: list = field(default_factory=list)  # exact inter-token latencies over the run's second half
+    itl_buckets: list | None = None  # or their histogram, as an engine counts them (cumulative)
 
     @property
     def itl_p95(self) -> float | None:
+        if self.itl_buckets is not None:
+            return histograms.quantile(self.itl_buckets, 0.95)
         if not self.itl_late:
             return None
         ordered = sorted(self.itl_late)
