@@ -34,8 +34,8 @@ import math
 import random
 from dataclasses import replace
 
-from lanes.control.laws import Bounds, Gauges, Signals, wants_reading
-from lanes.control.simulate import Decide, Outcome, PerRequest, Run, Scenario, split
+from lanes.control.laws import Bounds, Gauges, Signals
+from lanes.control.simulate import Decide, Outcome, PerRequest, Run, Scenario, Scrapes, split
 from lanes.sim import EngineCore, SimModel, SimRequest
 from lanes.sim.engine import FINISHED
 from lanes.sim.model import H100_LLAMA_8B, new_rng
@@ -57,13 +57,14 @@ def _kv_blocks(model: SimModel, capacity: int, answer: int, kv_at_full: float) -
 def simulate_on_engines(sc: Scenario, decide: Decide, per_request: PerRequest | None = None) -> Run:
     """Run ``sc`` under ``decide`` (every interval) and ``per_request`` (after every answer)."""
     rng = random.Random(sc.seed)
-    scrape_rng = random.Random(sc.seed + 1)  # apart, so scrapes never shift the workload
     answer = answer_tokens(sc.service_s)
     mu = math.log(answer) - sc.sigma ** 2 / 2
-    longest_lag = sc.lag_range[1] if sc.lag_range else sc.lag_s
     largest = max(c for _, c in sc.capacity)
     seqs = split(largest, sc.replicas)
-    base = SimModel(name="m", capacity=1, metrics_lag_s=longest_lag)
+    memo: dict = {}
+    scrapes = Scrapes(sc, memo)
+    # The engines keep their step snapshots for the longest lag a scrape asks for.
+    base = SimModel(name="m", capacity=1, metrics_lag_s=scrapes.longest_lag)
     cores = [EngineCore(replace(base, capacity=max(1, s)), new_rng(base, i)) for i, s in enumerate(seqs)]
 
     def set_capacity(total: int) -> None:
@@ -74,7 +75,6 @@ def simulate_on_engines(sc: Scenario, decide: Decide, per_request: PerRequest | 
     set_capacity(sc.capacity_at(0.0))
     run = Run(sc)
     bounds = Bounds(sc.floor, sc.ceiling)
-    memo: dict = {}
     width, generation = sc.start_width, 0
     in_flight = admitted = overloads = completions = 0
     overload_in_flight: int | None = None
@@ -91,15 +91,7 @@ def simulate_on_engines(sc: Scenario, decide: Decide, per_request: PerRequest | 
 
     def account(now: float) -> None:
         nonlocal last_t
-        dt = now - last_t
-        if dt > 0:
-            cap = sc.capacity_at(last_t)
-            if in_flight > cap:
-                run.over_admitted_s += dt
-            busy = running()
-            if waiting > 0 or in_flight > busy:
-                run.idle_slot_s += max(0, cap - busy) * dt
-            run.capacity_s += cap * dt
+        run.account(now - last_t, sc.capacity_at(last_t), in_flight, running(), waiting)
         last_t = now
 
     def admit(now: float) -> None:
@@ -146,44 +138,15 @@ def simulate_on_engines(sc: Scenario, decide: Decide, per_request: PerRequest | 
             served_seconds += now - admitted_at
             release(now, Outcome(False, request.left_waiting, now - admitted_at, in_flight, width))
 
-    last_scrape: list[float | None] = [None]
-    last_itl: list = [None]
-
     def itl_buckets() -> list[list[tuple[float, float]]]:
         return [[(float(le), float(n)) for le, n in core.counters.inter_token.cumulative()] for core in cores]
 
-    def latency(now: float) -> tuple[dict, float]:
-        before, at = last_itl[0] or (None, None)
-        current = itl_buckets()
-        last_itl[0] = (current, now)
-        if before is None:
-            return {}, 0.0
-        grown = [(f"engine {i}", [(le, c - b) for (le, c), (_, b) in zip(cur, old)])
-                 for i, (cur, old) in enumerate(zip(current, before))]
-        return {"inter_token": grown}, now - at
-
     def gauges(now: float) -> Gauges | None:
-        if (sc.scrape_s is not None and last_scrape[0] is not None and now - last_scrape[0] < sc.scrape_s - 1e-9
-                and not wants_reading(memo)):
-            return None  # no new reading this decision, as the control loop's cadence
-        last_scrape[0] = now
-        if sc.scrape_fail and scrape_rng.random() < sc.scrape_fail:
-            return Gauges(ok=False, error="timed out")
-        lag = scrape_rng.uniform(*sc.lag_range) if sc.lag_range else sc.lag_s
+        lag = scrapes.lag(now)
+        if lag is None or isinstance(lag, Gauges):
+            return lag
         seen = [core.published.at(now, lag) for core in cores]
-        if sc.replica_view == "one":
-            seen = [seen[scrape_rng.randrange(len(seen))]]
-        busy = sum(g.running for g in seen)
-        queued = sum(g.waiting_capacity for g in seen)
-        kv = sum(g.kv_usage for g in seen) / len(seen)
-        if sc.gauge_noise:
-            busy = max(0, round(busy * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
-            queued = max(0, round(queued * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
-            kv = min(1.0, max(0.0, kv * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
-        window_latency, window = latency(now)
-        return Gauges(ok=True, running=busy, waiting=queued, waiting_capacity=queued, kv_usage=kv,
-                      endpoints=len(seen), fresh=len(seen), age_seconds=0.0, latency=window_latency,
-                      latency_window_seconds=window)
+        return scrapes.reading(now, [(g.running, g.waiting_capacity, g.kv_usage) for g in seen], itl_buckets())
 
     end = sc.cycles * sc.interval_s
     changes = [t for t, _ in sc.capacity[1:]]

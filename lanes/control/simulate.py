@@ -157,6 +157,17 @@ class Run:
                 settled = None
         return None if settled is None else settled - since_cycle + 1
 
+    def account(self, dt: float, capacity: int, in_flight: int, running: int, waiting: int) -> None:
+        """``dt`` seconds of a lane holding ``in_flight`` (``waiting`` more behind it) in front of
+        a backend that can run ``capacity`` and runs ``running``."""
+        if dt <= 0:
+            return
+        if in_flight > capacity:
+            self.over_admitted_s += dt
+        if waiting > 0 or in_flight > running:
+            self.idle_slot_s += max(0, capacity - running) * dt
+        self.capacity_s += capacity * dt
+
     def range_after(self, cycle: int) -> tuple[int, int]:
         tail = self.widths[cycle:]
         return (min(tail), max(tail)) if tail else (0, 0)
@@ -172,6 +183,64 @@ class _Replica:
         self.itl = [0.0] * len(ITL_BUCKETS)  # cumulative inter-token observations per bucket
 
 
+class Scrapes:
+    """The field's scrapes, as the control loop takes them: at most every ``scrape_s`` (but at
+    every decision while a law waits for a reading), some timing out, each ``lag`` old, one
+    replica at random behind a balancer, noisy gauges. Its own random draws, apart from the
+    workload's, so scrapes never shift service times or arrivals."""
+
+    def __init__(self, sc: Scenario, memo: dict) -> None:
+        self.sc, self.memo = sc, memo
+        self.rng = random.Random(sc.seed + 1)
+        self.last: float | None = None
+        self._itl: tuple[list, float] | None = None  # the last reading's histograms, and when
+
+    @property
+    def longest_lag(self) -> float:
+        return self.sc.lag_range[1] if self.sc.lag_range else self.sc.lag_s
+
+    def lag(self, now: float) -> float | Gauges | None:
+        """How old a scrape at ``now`` reads; None: no scrape this decision (throttled, none
+        waited for); a failed reading when it times out."""
+        sc = self.sc
+        if (sc.scrape_s is not None and self.last is not None and now - self.last < sc.scrape_s - 1e-9
+                and not wants_reading(self.memo)):
+            return None
+        self.last = now
+        if sc.scrape_fail and self.rng.random() < sc.scrape_fail:
+            return Gauges(ok=False, error="timed out")
+        return self.rng.uniform(*sc.lag_range) if sc.lag_range else sc.lag_s
+
+    def _latency(self, itl: list | None, now: float) -> tuple[dict, float]:
+        """Each endpoint's inter-token histogram growth since the last reading."""
+        if itl is None:
+            return {}, 0.0
+        before, self._itl = self._itl, (itl, now)
+        if before is None:
+            return {}, 0.0
+        grown = [(f"replica {i}", [(le, c - b) for (le, c), (_, b) in zip(cur, old)])
+                 for i, (cur, old) in enumerate(zip(itl, before[0]))]
+        return {"inter_token": grown}, now - before[1]
+
+    def reading(self, now: float, seen: list, itl: list | None = None) -> Gauges:
+        """The reading of ``seen``, each endpoint's (running, waiting for capacity, KV usage),
+        and of ``itl``, each endpoint's cumulative inter-token histogram ([(bound, count)])."""
+        sc = self.sc
+        latency, window = self._latency(itl, now)
+        if sc.replica_view == "one":
+            seen = [seen[self.rng.randrange(len(seen))]]
+        running = sum(r[0] for r in seen)
+        queued = sum(r[1] for r in seen)
+        kv = sum(r[2] for r in seen) / len(seen)
+        if sc.gauge_noise:
+            running = max(0, round(running * (1 + self.rng.gauss(0, sc.gauge_noise))))
+            queued = max(0, round(queued * (1 + self.rng.gauss(0, sc.gauge_noise))))
+            kv = min(1.0, max(0.0, kv * (1 + self.rng.gauss(0, sc.gauge_noise))))
+        return Gauges(ok=True, running=running, waiting=queued, waiting_capacity=queued, kv_usage=kv,
+                      endpoints=len(seen), fresh=len(seen), age_seconds=0.0, latency=latency,
+                      latency_window_seconds=window)
+
+
 def split(total: int, parts: int) -> list[int]:
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
 
@@ -181,11 +250,11 @@ def simulate(scenario: Scenario, decide: Decide, per_request: PerRequest | None 
     ``per_request`` (after every answer; its width applies at once)."""
     sc = scenario
     rng = random.Random(sc.seed)
-    scrape_rng = random.Random(sc.seed + 1)  # apart, so scrapes never shift service times
     mu = math.log(sc.service_s) - sc.sigma ** 2 / 2
     run = Run(sc)
     bounds = Bounds(sc.floor, sc.ceiling)
     memo: dict = {}
+    scrapes = Scrapes(sc, memo)
     replicas = [_Replica(c) for c in split(sc.capacity_at(0.0), sc.replicas)]
     events: list = []
     seq = 0
@@ -220,15 +289,7 @@ def simulate(scenario: Scenario, decide: Decide, per_request: PerRequest | None 
 
     def account(now: float) -> None:
         nonlocal last_t
-        dt = now - last_t
-        if dt > 0:
-            cap = sc.capacity_at(last_t)
-            if in_flight > cap:
-                run.over_admitted_s += dt
-            running = sum(r.running for r in replicas)
-            if waiting > 0 or in_flight > running:
-                run.idle_slot_s += max(0, cap - running) * dt
-            run.capacity_s += cap * dt
+        run.account(now - last_t, sc.capacity_at(last_t), in_flight, sum(r.running for r in replicas), waiting)
         last_t = now
 
     def start(now: float, replica: _Replica, rid: int, gen: int, admitted_at: float, waited: bool) -> None:
@@ -275,34 +336,12 @@ def simulate(scenario: Scenario, decide: Decide, per_request: PerRequest | None 
                 width = new
         admit(now)
 
-    last_itl = [None]
-
-    def latency_now(now: float) -> tuple[dict, float]:
-        """Each replica's inter-token histogram growth since the last scrape."""
-        if not sc.itl_slope:
-            return {}, 0.0
-        before, at = last_itl[0] or (None, None)
-        current = [list(r.itl) for r in replicas]
-        last_itl[0] = (current, now)
-        if before is None:
-            return {}, 0.0
-        grown = [(f"replica {i}", [(le, c - b) for le, c, b in zip(ITL_BUCKETS, cur, old)])
-                 for i, (cur, old) in enumerate(zip(current, before))]
-        return {"inter_token": grown}, now - at
-
-    last_scrape = [None]
-
     def lagged_gauges(now: float) -> Gauges | None:
-        if (sc.scrape_s is not None and last_scrape[0] is not None and now - last_scrape[0] < sc.scrape_s - 1e-9
-                and not wants_reading(memo)):
-            return None  # throttled: no new reading this decision (none waited for, as the loop does)
-        last_scrape[0] = now
-        if sc.scrape_fail and scrape_rng.random() < sc.scrape_fail:
-            return Gauges(ok=False, error="timed out")
-        lag = scrape_rng.uniform(*sc.lag_range) if sc.lag_range else sc.lag_s
+        lag = scrapes.lag(now)
+        if lag is None or isinstance(lag, Gauges):
+            return lag
         # History is kept for the longest lag; the reading is the last snapshot at or before now - lag.
-        longest = sc.lag_range[1] if sc.lag_range else sc.lag_s
-        while len(history) > 1 and history[1][0] <= now - longest:
+        while len(history) > 1 and history[1][0] <= now - scrapes.longest_lag:
             history.popleft()
         seen = history[0][1] if history else tuple((0, 0, 0.0) for _ in replicas)
         for t, snapshot in history:
@@ -310,19 +349,8 @@ def simulate(scenario: Scenario, decide: Decide, per_request: PerRequest | None 
                 seen = snapshot
             else:
                 break
-        if sc.replica_view == "one":
-            seen = (seen[scrape_rng.randrange(len(seen))],)
-        running = sum(r[0] for r in seen)
-        queued = sum(r[1] for r in seen)
-        kv = sum(r[2] for r in seen) / len(seen)
-        if sc.gauge_noise:
-            running = max(0, round(running * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
-            queued = max(0, round(queued * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
-            kv = min(1.0, max(0.0, kv * (1 + scrape_rng.gauss(0, sc.gauge_noise))))
-        latency, window = latency_now(now)
-        return Gauges(ok=True, running=running, waiting=queued, waiting_capacity=queued, kv_usage=kv,
-                      endpoints=len(seen), fresh=len(seen), age_seconds=0.0, latency=latency,
-                      latency_window_seconds=window)
+        itl = [list(zip(ITL_BUCKETS, r.itl)) for r in replicas] if sc.itl_slope else None
+        return scrapes.reading(now, list(seen), itl)
 
     push(0.0, "tick0")
     if sc.arrival_rate is not None:
