@@ -286,8 +286,7 @@ def _cap_agrees(memo: dict, cap: int, endpoints) -> bool:
 def _cap_measured(memo: dict, params: dict, *, confirmed: bool, probed: bool) -> None:
     """The back-off after a cut to the running cap: the cap's own when it is confirmed; a
     single reading (more at small caps) when it is a first measurement, so the probe above it
-    then confirms it or, running more, raises it (``cap_unconfirmed``)."""
-    memo["cap_unconfirmed"] = not confirmed
+    then confirms it or, running more, forgets it."""
     if confirmed:
         _cap_back_off(memo, params, probed=probed)
     else:
@@ -340,8 +339,7 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed",
-                        "cap_unconfirmed"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
                 memo.pop(key, None)
 
 
@@ -574,23 +572,21 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
              f"(+{params['gauge_lag_seconds']:g}s of gauge lag): waiting for a fresh one")
     cap = _cap(memo, g)
     if cap is not None and width >= cap:
-        if width > cap and g.running + g.held > cap and (memo.get("cap_lane") or memo.get("cap_unconfirmed")):
+        if width > cap and g.running + g.held > cap and memo.get("cap_lane"):
             # The lane's cap is an estimate, low if anything (taken while the excursion's calls
-            # were starting), and a first cap a reading measured may be a burst's prefill
-            # backlog: a probe above it that ran more raises it to what ran, and the next
+            # were starting): a probe above it that ran more raises it to what ran, and the next
             # probe follows at the next reading until one fails (the gauges then measure the
-            # cap exactly). No jump into the KV room, which only the next reading could judge
-            # (from a first cap of 446 of 512 it went to 673, and 171 waited).
+            # cap exactly). No jump into the KV room, which only the next reading could judge.
             memo["cap"] = memo["measured"] = int(g.running + g.held)
             memo["cap_quiet_until"] = memo.get("n", 0)
             probing.held(memo)
-            whose = "the lane's" if memo.get("cap_lane") else "the first"
-            return _hold(width, f"probe at {width} ran {g.running + g.held:g}: {whose} running cap is raised")
+            return _hold(width, f"probe at {width} ran {g.running + g.held:g}: the lane's running cap is raised")
         if width > cap and g.running + g.held > cap:
             # More ran than the cap with nothing waiting (no reading of before the probe can
-            # show that): the backend was reconfigured. Growth goes by the KV room again.
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane",
-                        "cap_unconfirmed"):
+            # show that): the backend was reconfigured, or a first cap was a burst's prefill
+            # backlog. Growth goes by the KV room again. (Raising a first cap to what ran, a
+            # probe at a time, kept a backend grown from 6 to 12 below 11 for 40 s live.)
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
                 memo.pop(key, None)
             probing.held(memo)
             cap = measured = None
