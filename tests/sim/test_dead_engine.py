@@ -19,6 +19,10 @@ def refused(url: str) -> bool:
         httpx.get(url + "/health", timeout=2)
     except httpx.ConnectError:
         return True
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        # Caught as the server exits: the kernel took the connection into the listening
+        # socket's backlog, then the socket closed with it unanswered. Not refused yet.
+        return False
     return False
 
 
