@@ -37,7 +37,7 @@ and nothing grows on a partial reading.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from lanes.control import histograms, probing
 
@@ -272,27 +272,36 @@ def _cap_back_off(memo: dict, params: dict, *, probed: bool) -> None:
     memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(backoff * max(1.0, share * 4))
 
 
-def _cap_agrees(memo: dict, cap: int, endpoints) -> bool:
-    """Whether a running cap a reading just measured agrees with the one before it (within
-    ``CAP_AGREES``). One reading can show work waiting while the batch has room (a burst of
-    admissions waiting for the step's token budget, not max_num_seqs): a cap is kept for its
-    back-off once a second measurement agrees. (A cap from the lane's answers keeps its back-off
-    at once: made a first measurement too, it cost F3 2.8 -> 7.7 % and F6 7.5 -> 19.5 % of
-    requests on the engines, in probes during the swings.)"""
+def _cap_agrees(memo: dict, cap: int, endpoints, params: dict) -> bool:
+    """Whether a running cap a reading just measured stands: it agrees with the one before it
+    (within ``CAP_AGREES``), or it is small. One reading can show work waiting while the batch
+    has room (a burst of admissions waiting for the step's token budget, not max_num_seqs): a
+    cap is kept for its back-off once a second measurement agrees. (A cap from the lane's
+    answers keeps its back-off at once: made a first measurement too, it cost F3 2.8 -> 7.7 %
+    and F6 7.5 -> 19.5 % of requests on the engines, in probes during the swings.)
+
+    A small cap needs no second look: a backlog of a few prompts is no token budget's, and the
+    probe that would confirm it is a large share of it (+1 at a cap of 1 is +100 % for a
+    reading), which settled capacity 1 in 16 decisions where the first measurement was right."""
+    if _small_step(cap, params):
+        return True
     previous = memo.get("cap") if memo.get("cap_endpoints") == endpoints else None
     return previous is not None and abs(cap - previous) <= CAP_AGREES * previous
 
 
+def _small_step(cap: int, params: dict) -> bool:
+    """A cap whose smallest probe is over a quarter of it (1, 2 and 3 at the default 5 %)."""
+    return probing.step(cap, params["probe_fraction"]) * 4 > max(1, cap)
+
+
 def _cap_measured(memo: dict, params: dict, *, confirmed: bool, probed: bool) -> None:
     """The back-off after a cut to the running cap: the cap's own when it is confirmed; a
-    single reading (more at small caps) when it is a first measurement, so the probe above it
-    then confirms it or, running more, forgets it."""
+    single reading when it is a first measurement, so the probe above it then confirms it or,
+    running more, forgets it."""
     if confirmed:
         _cap_back_off(memo, params, probed=probed)
     else:
-        # Stretched at small caps as the back-off is: +1 at a cap of 1 is +100 %.
-        share = probing.step(memo["cap"], params["probe_fraction"]) / max(1, memo["cap"])
-        memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(max(1.0, share * 4))
+        memo["cap_quiet_until"] = memo.get("n", 0) + 1
 
 
 def _cap(memo: dict, g: Gauges) -> int | None:
@@ -477,6 +486,10 @@ def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
     proposal = _vllm_proposal(s, bounds, params, memo)
     if proposal.decision == "cut":
         memo.pop("unjudged_growth", None)
+    replicas = memo.pop("read_as", 1)
+    if replicas > 1:
+        proposal = replace(proposal, reason=f"{proposal.reason} (one address, read as one of {replicas} replicas: "
+                                            f"its gauges x{replicas})")
     return proposal  # a growth that takes effect is marked by compose()
 
 
@@ -484,6 +497,37 @@ def wants_reading(memos: dict[str, dict]) -> bool:
     """Whether a law waits for a reading to judge a growth: read the gauges at this decision,
     whatever the scrape cadence."""
     return any(isinstance(memo, dict) and memo.get("unjudged_growth") for memo in memos.values())
+
+
+# One address in front of several replicas (a Service, a balancer): each scrape reaches one of
+# them and sees its share of the lane's calls. A fresh reading of a full lane that sees less than
+# this share of what the lane has in flight (running and waiting) is one replica of several.
+ONE_OF_SEVERAL = 0.67
+MOST_REPLICAS_GUESSED = 64
+
+
+def _behind_one_address(s: Signals, g: Gauges, params: dict, memo: dict) -> tuple[Gauges, int]:
+    """The reading as the pool's, and how many replicas it stands for. A single endpoint whose
+    fresh readings of a full lane see about 1/n of the lane's calls, twice in a row, is taken for
+    one of n replicas behind one address: its gauges are multiplied by n (its KV usage is the
+    mean's estimate as it is), until a reading sees the lane's calls again. Listing the
+    replicas apart (``endpoints``) is exact; this keeps a pool behind a balancer from sitting at
+    its start width, "never near full" with half its calls out of sight."""
+    if not (g.ok and g.complete and g.endpoints == 1):
+        return g, 1
+    fresh = probing.evidence_after_change(s.width_age_seconds, g.age_seconds, params["gauge_lag_seconds"])
+    seen = g.running + g.waiting
+    if fresh and s.in_flight >= max(4, params["near_full"] * s.width) and seen >= 1:
+        guess = min(MOST_REPLICAS_GUESSED, round(s.in_flight / seen)) if seen < ONE_OF_SEVERAL * s.in_flight else 1
+        if guess == 1 or guess == memo.get("replicas_guess"):
+            memo["replicas"] = guess
+        memo["replicas_guess"] = guess
+    replicas = memo.get("replicas", 1)
+    if replicas <= 1:
+        return g, 1
+    capacity_waiting = None if g.waiting_capacity is None else g.waiting_capacity * replicas
+    return replace(g, running=g.running * replicas, waiting=g.waiting * replicas,
+                   waiting_capacity=capacity_waiting), replicas
 
 
 def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
@@ -500,6 +544,9 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     by default) are rarer than decisions."""
     width, g = s.width, s.gauges
     memo["decisions"] = memo.get("decisions", 0) + 1  # every decision (``n`` counts readings)
+    if g is not None:
+        g, replicas = _behind_one_address(s, g, params, memo)
+        memo["read_as"] = replicas
     memo["was_full"], memo["full"] = memo.get("full", False), s.in_flight >= width
     if g is not None:
         probing.tick(memo)
@@ -535,7 +582,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                 # Only at the width the reading saw: right after a change the count is of
                 # another width (698 in flight less 171 waiting 6 s before read 527 for 512).
                 running = max(running, int(s.in_flight - queued))
-            confirmed = _cap_agrees(memo, running, g.endpoints)
+            confirmed = _cap_agrees(memo, running, g.endpoints, params)
             memo["cap"], memo["cap_endpoints"] = running, g.endpoints
             memo.pop("cap_lane", None)
         # Work waiting while the cache has room: the running count is the cap, however old the

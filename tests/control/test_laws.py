@@ -228,6 +228,47 @@ def test_a_first_cap_read_during_a_prefill_backlog_is_probed_again_at_the_next_r
     assert ran.width > probe.width and "cap" not in memo
 
 
+def test_a_small_first_cap_stands_without_a_probe_to_confirm_it():
+    # Capacity 1: the growth to 2 shows 1 running and 1 waiting with the cache at 45 %. A probe
+    # to confirm it would be +100 % for a reading (capacity 1 settled in 16 decisions); a
+    # backlog of one prompt is no token budget's. The cap's back-off starts at once.
+    memo = {}
+    cut = vllm_law(Signals(width=2, in_flight=2, waiting=50, gauges=gauges(1, 1, 1, kv=0.45)), WIDE, VLLM, memo)
+    assert cut.width == 1 and "to be confirmed" not in cut.reason
+    at_cap = Signals(width=1, in_flight=1, waiting=50, gauges=gauges(1, kv=0.45))
+    for _ in range(VLLM["cap_backoff"]):
+        held = vllm_law(at_cap, WIDE, VLLM, memo)
+        assert held.width == 1 and "no probe above it" in held.reason
+    # A cap of 20 is still a first measurement: the next reading probes above it.
+    memo = {}
+    assert "to be confirmed" in vllm_law(Signals(width=30, in_flight=30, waiting=50,
+                                                 gauges=gauges(20, 10, 10, kv=0.3)), WIDE, VLLM, memo).reason
+
+
+def test_one_address_in_front_of_two_replicas_is_read_as_one_of_two_after_two_readings():
+    # Each scrape reaches one replica of two and sees half the lane's 10 calls: never "near
+    # full", the width stayed at 10. Two fresh readings that agree make it one of two.
+    memo = {}
+    half = Signals(width=10, in_flight=10, waiting=50, gauges=gauges(5, kv=0.05))
+    first = vllm_law(half, WIDE, VLLM, memo)
+    assert first.width == 10 and "not near full" in first.reason
+    second = vllm_law(half, WIDE, VLLM, memo)
+    assert second.width > 10 and "one of 2 replicas" in second.reason
+    # Saturation is the pool's: 45 running and 5 waiting at one replica is a cap of 90.
+    memo_full = dict(memo)
+    cut = vllm_law(Signals(width=120, in_flight=120, waiting=50, gauges=gauges(45, 15, 15, kv=0.45)), WIDE, VLLM,
+                   memo_full)
+    assert cut.width == 90 and "one of 2 replicas" in cut.reason
+    # A reading that sees the lane's calls again (one backend now): read as it is.
+    whole = Signals(width=10, in_flight=10, waiting=50, gauges=gauges(10, kv=0.1))
+    assert "replicas" not in vllm_law(whole, WIDE, VLLM, memo).reason
+    # A reading taken before the width changed proves nothing about the share seen.
+    memo = {}
+    stale = Signals(width=10, in_flight=10, waiting=50, width_age_seconds=1.0, gauges=gauges(5, kv=0.05))
+    for _ in range(3):
+        assert "replicas" not in vllm_law(stale, WIDE, VLLM, memo).reason
+
+
 def test_room_for_no_more_than_the_width_that_just_failed_waits_the_probe_back_off():
     # The cache binds at about 20: at 20 running it reads 92 %, "room for 21"; 21 fails. Before,
     # the room was tried again at every reading (a failed probe, a cut, a probe...).

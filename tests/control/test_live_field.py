@@ -150,6 +150,36 @@ def test_two_replicas_listed_apart_are_summed_shared_and_a_dead_one_is_left_out(
     assert all("peer closed connection" in str(e) or "could not be reached" in str(e) for e in load.errors)
 
 
+def test_two_replicas_behind_one_address_are_read_as_one_of_two_and_the_width_finds_their_sum(
+        tmp_path, embedded_redis):
+    # One address, two engines of 4 behind it: each scrape is answered by one of them and sees
+    # half the lane's calls, never "near full". Before: the width stayed at its start, 4.
+    sim = RemoteSim(["m:4"], extra_args=(*LAG, *STEP, "--replicas", "2"))
+    doc = {
+        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM}],
+        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
+        "workflows": [{"name": "chat", "candidates": ["m"]}],
+    }
+    dep = deploy(tmp_path, _url(embedded_redis), doc, sim, ["gpu"], extra_env=GATED)
+    pool_id = dep.table().pools["gpu"].id
+    load = Load(dep, 30)
+    try:
+        eventually(lambda: 7 <= width(dep) <= 9, timeout=60, interval=0.2, what="the width near the replicas' sum 8")
+        reasons = [e.detail.get("reason", "") for e in dep.client_events(kind="width_change")]
+        assert any("one of 2 replicas" in r for r in reasons) or "one of 2 replicas" in (
+            store(dep).read(pool_id).reason or ""), reasons
+        samples = []
+        for _ in range(40):
+            samples.append(width(dep))
+            time.sleep(0.25)
+        assert min(samples) >= 6 and max(samples) <= 10, samples  # it stays there
+    finally:
+        load.close()
+        dep.close()
+        sim.stop()
+    assert not load.errors, load.errors[:3]
+
+
 class FlakyMetrics:
     """A loopback proxy for ``/metrics`` that stalls every ``every``-th scrape past its timeout."""
 
