@@ -97,6 +97,15 @@ def _url(embedded_redis) -> str:
     return url
 
 
+def one_pool(controller, ceiling: int = 16, **pool) -> dict:
+    """A catalog of one pool ``gpu`` (width 4) serving model ``m`` from the deployment's simulator."""
+    return {
+        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": ceiling, "controller": controller, **pool}],
+        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
+        "workflows": [{"name": "chat", "candidates": ["m"]}],
+    }
+
+
 def test_two_replicas_listed_apart_are_summed_shared_and_a_dead_one_is_left_out(tmp_path, embedded_redis):
     first, second = SimProcess("m:4"), SimProcess("m:4")
     doc = {
@@ -155,12 +164,7 @@ def test_two_replicas_behind_one_address_are_read_as_one_of_two_and_the_width_fi
     # One address, two engines of 4 behind it: each scrape is answered by one of them and sees
     # half the lane's calls, never "near full". Before: the width stayed at its start, 4.
     sim = RemoteSim(["m:4"], extra_args=(*LAG, *STEP, "--replicas", "2"))
-    doc = {
-        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM}],
-        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
-        "workflows": [{"name": "chat", "candidates": ["m"]}],
-    }
-    dep = deploy(tmp_path, _url(embedded_redis), doc, sim, ["gpu"], extra_env=GATED)
+    dep = deploy(tmp_path, _url(embedded_redis), one_pool(VLLM), sim, ["gpu"], extra_env=GATED)
     pool_id = dep.table().pools["gpu"].id
     load = Load(dep, 30)
     try:
@@ -221,12 +225,7 @@ class FlakyMetrics:
 def test_scrapes_that_time_out_hold_the_width_instead_of_sending_the_pool_to_its_floor(tmp_path, embedded_redis):
     sim = RemoteSim(["m:8"], extra_args=(*LAG, *STEP))
     flaky = FlakyMetrics(sim.url + "/metrics", every=4)  # a quarter of the scrapes stall
-    doc = {
-        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM,
-                   "metrics_url": flaky.url}],
-        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
-        "workflows": [{"name": "chat", "candidates": ["m"]}],
-    }
+    doc = one_pool(VLLM, metrics_url=flaky.url)
     dep = deploy(tmp_path, _url(embedded_redis), doc, sim, ["gpu"], extra_env=GATED)
     load = Load(dep, 30)
     try:
@@ -251,11 +250,7 @@ def test_scrapes_that_time_out_hold_the_width_instead_of_sending_the_pool_to_its
 
 def test_failing_closed_clamps_the_ceiling_but_a_shrinking_backend_is_still_cut(tmp_path, embedded_redis):
     sim = RemoteSim(["m:8"], extra_args=(*LAG, *STEP))
-    doc = {
-        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 16, "controller": VLLM}],
-        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
-        "workflows": [{"name": "chat", "candidates": ["m"]}],
-    }
+    doc = one_pool(VLLM)
     dep = deploy(tmp_path, _url(embedded_redis), doc, sim, ["gpu"])  # no memory gate
     pool_id = dep.table().pools["gpu"].id
     load = Load(dep, 20)
@@ -285,11 +280,7 @@ def test_at_a_steady_capacity_probing_stops_and_the_width_stays_at_it(tmp_path, 
     controller = {"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 1.0, "timeout_seconds": 0.5,
                   "gauge_lag_seconds": 1.5}
     sim = RemoteSim(["m:8"], extra_args=(*LAG, *STEP))
-    doc = {
-        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 32, "controller": controller}],
-        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
-        "workflows": [{"name": "chat", "candidates": ["m"]}],
-    }
+    doc = one_pool(controller, ceiling=32)
     dep = deploy(tmp_path, _url(embedded_redis), doc, sim, ["gpu"], extra_env=GATED)
     load = Load(dep, 30)
     try:
@@ -330,12 +321,7 @@ def test_a_latency_target_holds_the_width_below_the_slots_the_gauges_alone_would
                                           "--context-ms-per-1k", "0", "--ttft-ms", "10", "--tokens", "16"))
     controllers = [VLLM, {"kind": "latency", "target_ms": 50.0, "min_samples": 20, "interval_seconds": 1.0,
                           "scrape_seconds": 1.0, "timeout_seconds": 0.5}]
-    doc = {
-        "pools": [{"name": "gpu", "width": 4, "floor": 1, "ceiling": 40, "controller": controllers}],
-        "models": [{"name": "m", "base_url": "{sim}", "pool": "gpu"}],
-        "workflows": [{"name": "chat", "candidates": ["m"]}],
-    }
-    dep = deploy(tmp_path, _url(embedded_redis), doc, sim, ["gpu"], extra_env=GATED)
+    dep = deploy(tmp_path, _url(embedded_redis), one_pool(controllers, ceiling=40), sim, ["gpu"], extra_env=GATED)
     pool_id = dep.table().pools["gpu"].id
     load = Load(dep, 60)
     try:
