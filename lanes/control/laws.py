@@ -415,7 +415,8 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     Above what the last reading showed running (a growth it did not judge), the width goes
     back to what ran, never below that count, and that is a running cap measured by the lane
     (a probe above it that runs more raises it, and the next probe follows at the next
-    reading). At or below it (the backend shrank
+    reading; measured in the interval of the growth, the first probe waits only one reading).
+    At or below it (the backend shrank
     since), the width goes to what ran, as a measurement (the next reading says why)."""
     proven, call, mean = memo.get("proven"), memo.get("call_s"), _mean_call(s)
     again = memo.get("lane_cut") == "shrink" and params["lane_rejudge"] and mean is not None
@@ -465,7 +466,13 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
         memo["lane_call"] = call
-        _cap_back_off(memo, params, probed=False)
+        if s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0):
+            # The interval began at the growth: calls begun at the old width and the new ones'
+            # prefills make its answers read low (86 of 100 after a growth to 211), so the cap
+            # waits one reading, as a first measurement by the gauges does, not its back-off.
+            memo["cap_quiet_until"] = memo.get("n", 0) + 1
+        else:
+            _cap_back_off(memo, params, probed=False)
     return Proposal(target, "cut", f"{s.in_flight} in flight but the lane's answers show about {ran:.0f} run at "
                                    f"once (mean call {call:.2f}s): work waits in vLLM; back to {target}")
 

@@ -149,4 +149,10 @@ def test_in_the_field_a_drop_is_looked_at_twice_by_the_lanes_answers():
     # a decision later, goes the rest of the way when no reading has.
     swing = tuple((t * 40.0, 100 if t % 2 == 0 else 50) for t in range(11))
     run = simulate(Scenario("swing", swing, 100, cycles=80, **FIELD), LAW["gauges"])
-    assert run.over_requests <= 0.105  # 11.2 % with one look
+    one_look = normalise({"lane_rejudge": 0}, "vllm")
+    once = simulate(Scenario("swing", swing, 100, cycles=80, **FIELD),
+                    lambda s, b, memo: compose({"vllm": one_look}, s, b, memo).width)
+    # 13.1 against 14.0 % of requests over (11.2 % with one look when a cap the lane measured in
+    # the interval of a growth kept its whole back-off, and the pool sat at 50 in every rise).
+    assert run.over_requests <= once.over_requests - 0.005 and run.over_requests <= 0.135, (
+        run.over_requests, once.over_requests)

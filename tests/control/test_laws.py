@@ -316,9 +316,21 @@ def test_a_growth_above_what_a_reading_proved_is_undone_by_the_lanes_answers_bef
     # the backend ran 95 at once; the other 65 wait in vLLM.
     cut = vllm_law(answers(160, 475, age=5.0), WIDE, VLLM, memo)
     assert cut.width == 95 and cut.decision == "cut" and "95 run at once" in cut.reason
-    # The next reading shows 95 running with room in the cache: no jump into the room again.
-    held = vllm_law(answers(95, 475, g=gauges(95, kv=0.475), age=10.0), WIDE, VLLM, memo)
-    assert held.decision == "hold" and "running cap 95" in held.reason
+    # The next reading shows 95 running with room in the cache: no jump into the room again. The
+    # lane measured the cap in the interval of the growth, where its answers read low (calls
+    # begun at 40, the new ones' prefills): the reading probes above it, +5 %, as it would above
+    # a first measurement by the gauges, and a probe that runs more raises it.
+    probe = vllm_law(answers(95, 475, g=gauges(95, kv=0.475), age=10.0), WIDE, VLLM, memo)
+    assert probe.width == 100 and "probe above the running cap 95" in probe.reason
+    raised = vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=15.0), WIDE, VLLM, memo)
+    assert raised.decision == "hold" and memo["cap"] == 100
+    # Measured by the lane in a later interval at one width, the cap keeps its back-off.
+    memo = {"proven": 40, "endpoints": 1, "call_s": 1.0, "call_at": 1, "decisions": 5, "was_full": True,
+            "full": True}
+    cut = vllm_law(answers(160, 475, age=30.0), WIDE, VLLM, memo)
+    assert cut.width == 95
+    held = vllm_law(answers(95, 475, g=gauges(95, kv=0.475), age=35.0), WIDE, VLLM, memo)
+    assert held.decision == "hold" and "running cap 95: no probe above it" in held.reason
     # Answers as many as the width (nothing waits) never cut.
     assert vllm_law(answers(40, 200, g=gauges(40, kv=0.2)), WIDE, VLLM, {}).width == 160
     assert vllm_law(answers(160, 790, age=5.0), WIDE, VLLM, {"proven": 40, "call_s": 1.0}).decision == "hold"

@@ -108,3 +108,14 @@ def test_on_the_engines_a_start_burst_waiting_for_the_token_budget_does_not_hold
                   lag_range=(3.0, 6.0), scrape_s=12.0, kv_at_full=0.5, gauge_noise=0.10)
     run = simulate_on_engines(sc, law)
     assert min(run.widths[14:]) >= 90, run.widths  # within 10 % of the capacity (gauges 10 % noisy)
+
+
+def test_on_the_engines_after_a_long_context_burst_the_width_goes_back_up_within_a_few_readings():
+    # F12: long prompts fill the KV cache (capacity 100 -> 60 for 30 s). On the way back up, the
+    # lane's answers in the growth's first interval read 63 of 100 running; kept as a cap for its
+    # whole back-off (24 readings), it held the pool at 62 to the end of the run (idle 27 %).
+    sc = Scenario("F12", ((0, 100), (150.0, 60), (180.0, 100)), 100, mode="gauges", cycles=80, ceiling=2000,
+                  lag_range=(3.0, 6.0), scrape_s=12.0, kv_at_full=0.5)
+    run = simulate_on_engines(sc, law)
+    after = run.widths[60:]  # from 120 s after the burst ended
+    assert sum(after) / len(after) >= 75 and max(after) >= 80, run.widths
