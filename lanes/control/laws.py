@@ -277,8 +277,9 @@ def _cap_agrees(memo: dict, cap: int, endpoints, params: dict) -> bool:
     (within ``CAP_AGREES``), or it is small. One reading can show work waiting while the batch
     has room (a burst of admissions waiting for the step's token budget, not max_num_seqs): a
     cap is kept for its back-off once a second measurement agrees. (A cap from the lane's
-    answers keeps its back-off at once: made a first measurement too, it cost F3 2.8 -> 7.7 %
-    and F6 7.5 -> 19.5 % of requests on the engines, in probes during the swings.)
+    answers, measured at one width, keeps its back-off at once: made a first measurement too,
+    it cost F3 2.8 -> 7.7 % and F6 7.5 -> 19.5 % of requests on the engines, in probes during
+    the swings; see :func:`_lane_evidence` for one measured in a growth's interval.)
 
     A small cap needs no second look: a backlog of a few prompts is no token budget's, and the
     probe that would confirm it is a large share of it (+1 at a cap of 1 is +100 % for a
@@ -485,15 +486,19 @@ def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
     (:func:`wants_reading`) instead of waiting for the next scrape at its own cadence: while
     a growth the backend cannot run is out, every request admitted waits in vLLM, so the
     wait for its judgment is what it costs (a +5 % probe judged 15 s later was 3.75 % of a
-    400-s run's requests)."""
+    400-s run's requests). A single address read as one of n replicas
+    (:func:`_behind_one_address`) is judged on its gauges x n, and the reason says so."""
     g = s.gauges
     if g is not None and g.ok and g.complete and probing.evidence_after_change(
             s.width_age_seconds, g.age_seconds, params["gauge_lag_seconds"]):
         memo.pop("unjudged_growth", None)
+    replicas = 1
+    if g is not None:
+        g, replicas = _behind_one_address(s, g, params, memo)
+        s = replace(s, gauges=g)
     proposal = _vllm_proposal(s, bounds, params, memo)
     if proposal.decision == "cut":
         memo.pop("unjudged_growth", None)
-    replicas = memo.pop("read_as", 1)
     if replicas > 1:
         proposal = replace(proposal, reason=f"{proposal.reason} (one address, read as one of {replicas} replicas: "
                                             f"its gauges x{replicas})")
@@ -551,9 +556,6 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     by default) are rarer than decisions."""
     width, g = s.width, s.gauges
     memo["decisions"] = memo.get("decisions", 0) + 1  # every decision (``n`` counts readings)
-    if g is not None:
-        g, replicas = _behind_one_address(s, g, params, memo)
-        memo["read_as"] = replicas
     memo["was_full"], memo["full"] = memo.get("full", False), s.in_flight >= width
     if g is not None:
         probing.tick(memo)
