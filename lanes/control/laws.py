@@ -267,9 +267,7 @@ def _cap_back_off(memo: dict, params: dict, *, probed: bool) -> None:
     memo["cap_backoff"] = backoff
     # At small caps the smallest step is a large share (+1 at 2 is +50 %): a step over a quarter
     # of the cap waits longer in proportion (the wait is long already; other probes stretch more).
-    cap = memo["cap"]
-    share = probing.step(cap, params["probe_fraction"]) / max(1, cap)
-    memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(backoff * max(1.0, share * 4))
+    memo["cap_quiet_until"] = memo.get("n", 0) + math.ceil(backoff * max(1.0, _step_share(memo["cap"], params) * 4))
 
 
 def _cap_agrees(memo: dict, cap: int, endpoints, params: dict) -> bool:
@@ -290,9 +288,14 @@ def _cap_agrees(memo: dict, cap: int, endpoints, params: dict) -> bool:
     return previous is not None and abs(cap - previous) <= CAP_AGREES * previous
 
 
+def _step_share(cap: int, params: dict) -> float:
+    """The smallest probe above ``cap`` as a share of it (+1 at 2 is 0.5)."""
+    return probing.step(cap, params["probe_fraction"]) / max(1, cap)
+
+
 def _small_step(cap: int, params: dict) -> bool:
     """A cap whose smallest probe is over a quarter of it (1, 2 and 3 at the default 5 %)."""
-    return probing.step(cap, params["probe_fraction"]) * 4 > max(1, cap)
+    return _step_share(cap, params) * 4 > 1
 
 
 def _cap_measured(memo: dict, params: dict, *, confirmed: bool, probed: bool) -> None:
