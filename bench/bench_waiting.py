@@ -168,16 +168,12 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
     dep = run.deploy(flight_doc(capacity), sim, [])
     workers = []
     server = redis.Redis.from_url(dep.redis_url)
-    if processes * (held + 64) > 9_000:
-        # Each process's Redis pool may open one connection per held message in a burst (held +
-        # 64, workers/main.py); Redis's own limit is 10,000 clients. A fleet that holds more
-        # across its processes needs Redis's maxclients raised, as here (docs/SCHEDULING.md).
-        server.config_set("maxclients", min(19_000, processes * (held + 64) + 1_000))
     try:
         # The work is queued first, so the workers alone set the pace (not the submitter).
         count = capacity * 3
         results = [dep.client.submit("bulk", CHAT) for _ in range(count)]
         redis_cpu0, _ = redis_cpu_and_memory(server)
+        connections0 = int(server.info("stats")["total_connections_received"])
         # ``processes`` worker processes of the background queue, each holding
         # ``held`` messages (the threads pool: one thread each; its old cap was 64 a queue).
         for n in range(processes):
@@ -190,12 +186,13 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
         print(f"inflight worker pids {workers}", flush=True)
         cpu0 = sum(process_cpu_and_rss(pid)[0] for pid in workers)
         samples = []
-        redis_peak = 0
+        redis_peak = clients_peak = 0
         deadline = time.monotonic() + 600 + 4 * service_ms / 1000
         while time.monotonic() < deadline:
             stats = sim.stats()["wide-model"]
             samples.append((stats["served"], stats["in_flight"]))
             redis_peak = max(redis_peak, redis_cpu_and_memory(server)[1])
+            clients_peak = max(clients_peak, int(server.info("clients")["connected_clients"]))
             if stats["served"] >= count:
                 break
             time.sleep(0.25)
@@ -211,7 +208,11 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
                 "cpu_s_per_request": round((sum(cpu for cpu, _ in ends) - cpu0) / count, 5),
                 "worker_rss_mb": [round(rss / 2**20, 1) for _, rss in ends],
                 "redis_cpu_s_per_request": round((redis_cpu1 - redis_cpu0) / count, 5),
-                "redis_peak_memory_mb": round(redis_peak / 2**20, 1)}
+                "redis_peak_memory_mb": round(redis_peak / 2**20, 1),
+                # Every client of the bench's Redis (the workers, the simulator's
+                # harness, this script): what the workers' pools opened at most.
+                "redis_peak_clients": clients_peak,
+                "redis_connections_opened": int(server.info("stats")["total_connections_received"]) - connections0}
     finally:
         server.close()
         dep.close()

@@ -99,6 +99,22 @@ class Channel(kombu_redis.Channel):
     _waiting = False  # the pending command is that wait, not a take
     _taking: list | None = None  # the queues of the pending take, in its keys' order
 
+    # Seconds a synchronous call waits for a free connection of the channel's
+    # pool, or None for kombu's pool, which refuses a call past
+    # ``max_connections`` ("Too many connections"). A worker of the green pool
+    # sets it (workers/main.py ``green_transport``): its held tasks acknowledge
+    # at once when a lane drains, and a pool bounded by waiting keeps the
+    # process's connections to Redis in the hundreds, not one per held message.
+    pool_wait_seconds: float | None = None
+    from_transport_options = kombu_redis.Channel.from_transport_options + ("pool_wait_seconds",)
+
+    def _get_pool(self, asynchronous: bool = False):
+        if asynchronous or self.pool_wait_seconds is None:
+            return super()._get_pool(asynchronous)
+        params = self._connparams(asynchronous=False)
+        self.keyprefix_fanout = self.keyprefix_fanout.format(db=params["db"])
+        return redis.BlockingConnectionPool(timeout=self.pool_wait_seconds, **params)
+
     def _create_client(self, asynchronous: bool = False):
         if asynchronous:  # BRPOP and pub/sub clients hold state of their own: kombu's, unchanged
             return super()._create_client(asynchronous=True)
@@ -273,6 +289,10 @@ class SentinelChannel(Channel, kombu_redis.SentinelChannel):
     not passed on is lost with it, as with kombu's own transport; so is what
     it accepts after the promotion until the Sentinel demotes it.
     """
+
+    # kombu's Sentinel pool (a bounded wait is the plain channel's only).
+    from_transport_options = kombu_redis.SentinelChannel.from_transport_options
+    _get_pool = kombu_redis.SentinelChannel._get_pool
 
 
 class SentinelTransport(kombu_redis.SentinelTransport):

@@ -62,18 +62,42 @@ def resolve_redis_url(settings: Settings, *, start_embedded: bool = True) -> str
     return embedded.url
 
 
-def connect(url: str, *, timeout: float = 5.0, **kwargs) -> redis.Redis:
+# The most connections a process's shared client opens to one Redis, however
+# many green threads talk through it at once. Redis runs one command at a
+# time, so connections past a few hundred add no throughput; they only count
+# against Redis's ``maxclients`` (10,000): a fleet of four gevent processes
+# holding 2,250 messages each opened one per message in a burst and was
+# refused (docs/BENCHMARKS_JOURNAL.md, "every waiting request across processes").
+SHARED_POOL_CONNECTIONS = 128
+
+
+def shared_pool_size(calls_at_once: int) -> int:
+    """Connections for a pool that ``calls_at_once`` threads share: one each
+    plus spares for the process's own readers, up to SHARED_POOL_CONNECTIONS."""
+    return min(SHARED_POOL_CONNECTIONS, max(100, calls_at_once + 64))
+
+
+def connect(url: str, *, timeout: float = 5.0, shared_by: int | None = None, **kwargs) -> redis.Redis:
     """A sync client whose every call fails within ``timeout`` when Redis is gone.
 
     Blocking commands (``BLPOP``) pass their own, longer socket timeout. A
     ``sentinel://`` URL (a broker's, :mod:`lanes.sentinel`) gives a client of
-    the primary its sentinels name.
+    the primary its sentinels name. ``shared_by``: the threads (green or
+    not) that may call at once; the client's pool is then bounded
+    (:func:`shared_pool_size`) and a call past the bound waits for a
+    connection, at most ``timeout``, instead of opening one more.
     """
     options = dict(socket_timeout=timeout, socket_connect_timeout=timeout, health_check_interval=0,
                    parser_class=_ScriptRefusalParser, **kwargs)
     if sentinel.is_sentinel(url):
+        if shared_by is not None:
+            options["max_connections"] = shared_pool_size(shared_by)
         return sentinel.primary_client(url, **options)
-    return redis.Redis.from_url(url, **options)
+    if shared_by is None:
+        return redis.Redis.from_url(url, **options)
+    pool = redis.BlockingConnectionPool.from_url(url, max_connections=shared_pool_size(shared_by),
+                                                 timeout=timeout, **options)
+    return redis.Redis.from_pool(pool)
 
 
 def connect_async(url: str, *, timeout: float = 5.0, **kwargs) -> redis.asyncio.Redis:

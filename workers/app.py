@@ -25,9 +25,9 @@ from lanes.errors import (
     DeadlineExpired,
     RedisUnavailable,
 )
-from lanes.redis_conn import resolve_redis_url
+from lanes.redis_conn import resolve_redis_url, shared_pool_size
 from lanes.routing.request import RouteRequest
-from lanes.routing.runtime import Runtime, redis_pool_size
+from lanes.routing.runtime import Runtime
 from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings, result_url_of
 from workers.background import BackgroundConsumer, BackgroundQueue
@@ -166,10 +166,11 @@ def create_app(
     # pool is safe to share between threads.
     app.conf.result_backend_thread_safe = True
     if held:
-        # Shared, its pool must hold a connection for every task storing its
-        # state at once (redis-py's default of 100 refused the rest, which
-        # Celery took for a lost connection and retried a second later).
-        app.conf.redis_max_connections = redis_pool_size(held)["max_connections"]
+        # Shared by every task storing its state at once: redis-py's default
+        # pool of 100 refused the rest, which Celery took for a lost
+        # connection and retried a second later. Bounded, a store past the
+        # bound waits for a connection (PatientRedisBackend).
+        app.conf.redis_max_connections = shared_pool_size(held)
     # After a reconnect Celery would reset the prefetch to the whole pool
     # (foreground and background threads); ConsumerPrefetch's limit holds.
     app.conf.worker_enable_prefetch_count_reduction = False

@@ -121,17 +121,18 @@ def main(argv: list[str] | None = None) -> None:
         logging.getLogger("celery.app.trace").setLevel(logging.ERROR)
 
     foreground, background = fleet_queues(args.fleet)
+    settings = load_settings()
     if args.foreground is None:
         # Background work alone: Celery's own consumer takes the background
         # queue, in order, up to the bound.
-        app = create_app(load_settings(), consumer_threads=args.background)
+        app = create_app(settings, consumer_threads=args.background)
         queue, held = background, args.background
     else:
         extra = BackgroundQueue(background, args.background) if args.background else None
-        app = create_app(load_settings(), background=extra, consumer_threads=args.foreground)
+        app = create_app(settings, background=extra, consumer_threads=args.foreground)
         queue, held = foreground, args.foreground + (args.background or 0)
     if args.pool == "gevent":
-        green_transport(app, held)
+        green_transport(app, held, settings.redis_timeout_seconds)
         green_shutdown_handlers()
     app.worker_main(
         [
@@ -150,15 +151,19 @@ def main(argv: list[str] | None = None) -> None:
     )
 
 
-def green_transport(app, held: int) -> None:
+def green_transport(app, held: int, wait_seconds: float) -> None:
     """Broker options for a worker of the green pool: every held task
     acknowledges (and may publish a retry) on the broker channel's connection
-    pool, all at once when a lane drains, and kombu's default of 10
-    connections made acknowledgements fail ("Too many connections") at a
-    thousand in flight. Connections are opened only when that many are used
-    at once."""
+    pool, all at once when a lane drains. kombu's pool of 10 refused the rest
+    ("Too many connections") at a thousand in flight; one connection per held
+    message counted thousands a process against Redis's ``maxclients``. The
+    pool is bounded (lanes.redis_conn.shared_pool_size) and a call past it
+    waits for a connection, at most ``wait_seconds`` (lanes/broker.py)."""
+    from lanes.redis_conn import shared_pool_size
+
     options = dict(app.conf.broker_transport_options or {})
-    options["max_connections"] = held + 64
+    options["max_connections"] = shared_pool_size(held)
+    options["pool_wait_seconds"] = wait_seconds
     app.conf.broker_transport_options = options
 
 

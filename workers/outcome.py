@@ -22,10 +22,12 @@ visibility timeout to bring back) instead of dropping it.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from importlib.resources import files
 
+import redis
 from celery import states
 from celery.backends.redis import RedisBackend
 from celery.exceptions import BackendStoreError, Reject
@@ -56,6 +58,16 @@ class PatientRedisBackend(RedisBackend):
         # Celery's client has redis-py's own parser: a full Redis 6.2 refuses the
         # store script's write as a plain script error, which is the same refusal.
         return isinstance(refusal_in_script(exc), REDIS_UNAVAILABLE) or super().exception_safe_to_retry(exc)
+
+    @property
+    def ConnectionPool(self):  # noqa: N802 (Celery's name)
+        # A worker sets redis_max_connections (workers/app.py) for a pool its
+        # tasks share: past it a store waits for a free connection, as long
+        # as a command may take, instead of being refused.
+        if self.max_connections is None or self._ConnectionPool is not None:
+            return super().ConnectionPool
+        wait = float(self.connparams.get("socket_timeout") or 5.0)
+        return functools.partial(redis.BlockingConnectionPool, timeout=wait)
 
     @cached_property
     def _store_script(self):

@@ -25,7 +25,7 @@ import threading
 import weakref
 from importlib import resources
 
-from redis.connection import ConnectionPool
+from redis.connection import BlockingConnectionPool, ConnectionPool
 
 try:  # redis-py's packer when hiredis is installed (redis[hiredis], a dependency)
     from redis.connection import HiredisRespSerializer
@@ -100,7 +100,7 @@ class SyncRunner:
     release; ~30 us per call on the benchmark machine) and talks on
     connections it keeps checked out of the client's pool in a small free
     list (taken and returned with atomic list operations; at most
-    ``KEEP_IDLE`` idle, and only on a plain pool of at least
+    ``KEEP_IDLE`` idle, and only on a plain or blocking pool of at least
     ``MIN_POOL_ROOM`` connections; redis-py 8's default is 100). A connection
     that fails before the command was wholly sent is dropped (disconnected and
     given back to the pool) and the call goes through ``execute_command``
@@ -115,14 +115,14 @@ class SyncRunner:
         self._client = weakref.ref(client)  # the runner is kept in a WeakKeyDictionary by client
         self.scripts = scripts
         pool = getattr(client, "connection_pool", None)
-        # Only a plain pool with room to spare: a bounded or blocking pool
-        # (or a Sentinel one, which checks who owns a connection) must not
-        # see connections sit idle outside it, so those use execute_command.
+        # Only a plain or blocking pool with room to spare (KEEP_IDLE sit
+        # outside it; a Sentinel pool checks who owns a connection, so it
+        # uses execute_command).
         # Also no client-side cache: its connections keep the cache's books on
         # every command, which the direct path would bypass.
         # RESP2 and RESP3 (redis-py 8's default) alike: replies are read with
         # the connection's read_response, which handles RESP3 pushes.
-        self._pool = pool if (type(pool) is ConnectionPool and getattr(client, "connection", None) is None
+        self._pool = pool if (type(pool) in (ConnectionPool, BlockingConnectionPool) and getattr(client, "connection", None) is None
                               and getattr(pool, "max_connections", 0) >= MIN_POOL_ROOM
                               and getattr(pool, "cache", None) is None) else None
         self._free: list = []

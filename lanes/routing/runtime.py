@@ -61,20 +61,6 @@ def provision_lanes(client: redis.Redis, settings: Settings, table: RoutingTable
     ]
 
 
-# Connections beyond one per walk at once: the runtime's own readers
-# (steward, catalog follower, renewer, presence) share the Redis pool.
-SPARE_REDIS_CONNECTIONS = 64
-
-
-def redis_pool_size(calls_at_once: int | None) -> dict:
-    """``connect``'s pool bound for that many walks at once (redis-py's
-    default of 100 refused connections, "Too many connections", to a gevent
-    worker with hundreds of walks between lane grant and release)."""
-    if calls_at_once is None:
-        return {}
-    return {"max_connections": max(100, calls_at_once + SPARE_REDIS_CONNECTIONS)}
-
-
 def http_pool_size(calls_at_once: int | None) -> dict:
     """The backend client's connection bound: one per walk at once (a call
     past the bound would wait for a connection, capping what is in flight)."""
@@ -95,14 +81,15 @@ class Runtime:
         calls_at_once: int | None = None,
     ) -> None:
         """``calls_at_once``: the most walks this process runs at the same
-        time (a fleet worker's held messages); the Redis and HTTP connection
-        pools are sized to it, since every one of them may be calling or
-        talking to Redis at once."""
+        time (a fleet worker's held messages). The HTTP pool holds a
+        connection for each, since every walk may be calling at once; the
+        Redis pool is bounded (:func:`lanes.redis_conn.shared_pool_size`): a
+        walk past it waits for a connection."""
         self.settings = settings
         self.clock = clock or SystemClock()
         self.redis_url = redis_url or resolve_redis_url(settings)
         self.client: redis.Redis = connect(self.redis_url, timeout=settings.redis_timeout_seconds,
-                                           **redis_pool_size(calls_at_once))
+                                           shared_by=calls_at_once)
         self.engine = engine or open_catalog(settings)
         self.breakers = Breakers(self.client, prefix=settings.key_prefix)
         self.events = EventLog(

@@ -481,7 +481,9 @@ def test_a_script_connection_dropped_by_the_server_is_replaced(make_lane):
     assert lane.stats().in_flight == 0
 
 
-def test_a_bounded_pool_keeps_redis_pys_own_command_path(make_lane):
+def test_a_small_bounded_pool_keeps_redis_pys_own_command_path(make_lane):
+    # Two connections: the runner's kept ones would leave none to the pool
+    # (a worker's shared pool of 128 takes the direct path: test_shared_connections).
     pool = redis.BlockingConnectionPool.from_url(make_lane.url, max_connections=2, timeout=5)
     client = redis.Redis(connection_pool=pool)
     try:
