@@ -319,6 +319,9 @@ def _cap(memo: dict, g: Gauges) -> int | None:
 # ran (by that mean) before the difference is taken for work waiting in vLLM (noise in call
 # times, a batch that slows its steps as it grows).
 LANE_MIN_COMPLETIONS = 20
+# A reading that saw this much more running (a share of it) than the lane's answers say ran
+# has outlived the yardstick those answers are read by.
+YARDSTICK_OUTGROWN = 0.5
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
@@ -333,6 +336,23 @@ def _mean_call(s: Signals) -> float | None:
     if s.served_concurrency is None or not s.window_seconds or s.completions < LANE_MIN_COMPLETIONS:
         return None
     return s.served_concurrency * s.window_seconds / s.completions
+
+
+def _yardstick_outgrown(s: Signals, ran: float, memo: dict) -> bool:
+    """Whether the decision's reading saw far more running than the yardstick says ran (Little's
+    law on the interval's answers): the calls now take far longer than when the yardstick was
+    taken (decode steps slow as the batch grows: 1.49 s at 8 running on the physical engines,
+    several times that at 500), which no waiting in vLLM explains, since a backend runs no more
+    than it can. The yardstick is dropped (the next interval settled at one width takes a new
+    one), and the lane judges nothing on it (read against it, 512 running "showed" 71 run at
+    once, and cut after cut took the pool from 512 to 459)."""
+    g = s.gauges
+    if g is None or not g.ok or not g.complete or g.age_seconds > (s.window_seconds or 0):
+        return False
+    if g.running + g.held <= ran * (1 + YARDSTICK_OUTGROWN):
+        return False
+    memo.pop("call_s", None)
+    return True
 
 
 def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None:
@@ -401,6 +421,8 @@ def _probe_judged(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propo
     ran = s.completions / s.window_seconds * call
     if mean <= call * (1 + _call_margin(s, share)) or s.in_flight - ran <= max(1.0, s.in_flight * share):
         return None
+    if _yardstick_outgrown(s, ran, memo):
+        return None
     target = bounds.clamp(cap)
     if target >= s.width:
         return None
@@ -445,6 +467,8 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # step slows as the batch grows, and prefills of the newly admitted share its steps).
         return None
     ran = s.completions / s.window_seconds * call
+    if _yardstick_outgrown(s, ran, memo):
+        return None
     if again:
         memo["lane_cut"] = True  # one second look, no more
         margin = _rejudged(s, mean, call, params)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from lanes.catalog.controllers import normalise
-from lanes.control.laws import (Bounds, Gauges, Signals, compose, overload_law, utilisation_law, vllm_law,
-                                wants_reading)
+from lanes.control.laws import (Bounds, Gauges, Signals, _lane_evidence, compose, overload_law, utilisation_law,
+                                vllm_law, wants_reading)
 
 OVERLOAD = normalise({}, "overload")
 VLLM = normalise({}, "vllm")
@@ -226,6 +228,23 @@ def test_a_first_cap_read_during_a_prefill_backlog_is_probed_again_at_the_next_r
     ran = vllm_law(Signals(width=probe.width, in_flight=probe.width, waiting=50, gauges=gauges(probe.width, kv=0.4)),
                    WIDE, VLLM, memo)
     assert ran.width > probe.width and "cap" not in memo
+
+
+def test_a_reading_that_saw_far_more_run_than_the_yardstick_allows_drops_it_and_cuts_nothing():
+    # The yardstick (1.5 s a call) was taken at 8 running; at 512 the calls take several times
+    # that. 239 answers in 5 s read against it "showed" 72 run at once, while this decision's
+    # reading saw 496 running and none waiting: the yardstick no longer fits the batch.
+    memo = {"proven": 496, "endpoints": 1, "call_s": 1.5, "call_at": 0, "decisions": 5, "was_full": True}
+    s = Signals(width=512, in_flight=512, waiting=1000, completions=239, window_seconds=5.0,
+                served_concurrency=239 * 10.0 / 5.0, width_age_seconds=5.0,
+                gauges=Gauges(ok=True, running=496, waiting=0, waiting_capacity=0, kv_usage=0.7, age_seconds=1.0))
+    assert _lane_evidence(s, WIDE, VLLM, memo) is None
+    assert "call_s" not in memo
+    # The same answers with a reading that saw no more than they say ran: the lane judges them.
+    memo = {"proven": 80, "endpoints": 1, "call_s": 1.5, "call_at": 0, "decisions": 5, "was_full": True}
+    s = replace(s, gauges=Gauges(ok=True, running=80, waiting=0, waiting_capacity=0, kv_usage=0.2, age_seconds=9.0))
+    cut = _lane_evidence(s, WIDE, VLLM, memo)
+    assert cut is not None and cut.width == 80 and memo["call_s"] == 1.5
 
 
 def test_a_small_first_cap_stands_without_a_probe_to_confirm_it():
