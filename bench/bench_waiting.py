@@ -18,7 +18,8 @@ the same workers on Celery's threads pool, in one run.
 - in flight: one worker process, a backend of capacity N (1 s per request),
   3N requests: the most in flight at the backend in steady state, CPU seconds
   per request and the worker's resident memory, against the threads pool at
-  its largest (64 threads per queue, the old cap). ``--processes P`` shares
+  its largest (64 threads per queue, the old cap) and against plain Celery on
+  the gevent pool (no lanes: what one Celery process gives on the machine). ``--processes P`` shares
   the queue among P processes holding 1.5N/P each (N in flight, N/2 waiting
   in the lane), ``--service-ms`` sets the
   backend's time per request; Redis's CPU per request and peak memory are
@@ -184,38 +185,87 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
             workers.append(proc.pid)
         # For a profiler to attach to (py-spy record --pid).
         print(f"inflight worker pids {workers}", flush=True)
-        cpu0 = sum(process_cpu_and_rss(pid)[0] for pid in workers)
-        samples = []
-        redis_peak = clients_peak = 0
-        deadline = time.monotonic() + 600 + 4 * service_ms / 1000
-        while time.monotonic() < deadline:
-            stats = sim.stats()["wide-model"]
-            samples.append((stats["served"], stats["in_flight"]))
-            redis_peak = max(redis_peak, redis_cpu_and_memory(server)[1])
-            clients_peak = max(clients_peak, int(server.info("clients")["connected_clients"]))
-            if stats["served"] >= count:
-                break
-            time.sleep(0.25)
-        finish(dep, results, 120)
-        ends = [process_cpu_and_rss(pid) for pid in workers]
-        redis_cpu1, _ = redis_cpu_and_memory(server)
-        # Steady state: the middle third of the work (the first and last thirds
-        # are the ramp up and the drain of the backlog).
-        steady = sorted(flying for served, flying in samples if capacity <= served <= count - capacity) or [0]
-        return {"steady_in_flight_median": steady[len(steady) // 2],
-                "max_in_flight": max((flying for _, flying in samples), default=0),
-                "width": capacity, "requests": count,
-                "cpu_s_per_request": round((sum(cpu for cpu, _ in ends) - cpu0) / count, 5),
-                "worker_rss_mb": [round(rss / 2**20, 1) for _, rss in ends],
-                "redis_cpu_s_per_request": round((redis_cpu1 - redis_cpu0) / count, 5),
-                "redis_peak_memory_mb": round(redis_peak / 2**20, 1),
-                # Every client of the bench's Redis (the workers, the simulator's
-                # harness, this script): what the workers' pools opened at most.
-                "redis_peak_clients": clients_peak,
-                "redis_connections_opened": int(server.info("stats")["total_connections_received"]) - connections0}
+        report = watch(sim, server, workers, count, capacity, service_ms, lambda: finish(dep, results, 120))
+        report["redis_cpu_s_per_request"] = round((redis_cpu_and_memory(server)[0] - redis_cpu0) / count, 5)
+        report["redis_connections_opened"] = int(server.info("stats")["total_connections_received"]) - connections0
+        return report
     finally:
         server.close()
         dep.close()
+        sim.stop()
+
+
+def watch(sim: RemoteSim, server: redis.Redis, workers: list[int], count: int, capacity: int, service_ms: int,
+          finished) -> dict:
+    """Sample the simulator until it has served ``count``, then call ``finished`` (every
+    result in) and report what was in flight, the workers' CPU and memory, and Redis's."""
+    cpu0 = sum(process_cpu_and_rss(pid)[0] for pid in workers)
+    samples = []
+    redis_peak = clients_peak = 0
+    deadline = time.monotonic() + 600 + 4 * service_ms / 1000
+    while time.monotonic() < deadline:
+        stats = sim.stats()["wide-model"]
+        samples.append((stats["served"], stats["in_flight"]))
+        redis_peak = max(redis_peak, redis_cpu_and_memory(server)[1])
+        clients_peak = max(clients_peak, int(server.info("clients")["connected_clients"]))
+        if stats["served"] >= count:
+            break
+        time.sleep(0.25)
+    finished()
+    ends = [process_cpu_and_rss(pid) for pid in workers]
+    # Steady state: the middle third of the work (the first and last thirds
+    # are the ramp up and the drain of the backlog).
+    steady = sorted(flying for served, flying in samples if capacity <= served <= count - capacity) or [0]
+    return {"steady_in_flight_median": steady[len(steady) // 2],
+            "max_in_flight": max((flying for _, flying in samples), default=0),
+            "width": capacity, "requests": count,
+            "cpu_s_per_request": round((sum(cpu for cpu, _ in ends) - cpu0) / count, 5),
+            "worker_rss_mb": [round(rss / 2**20, 1) for _, rss in ends],
+            "redis_peak_memory_mb": round(redis_peak / 2**20, 1),
+            # Every client of the bench's Redis (the workers, the simulator's
+            # harness, this script): what the workers' pools opened at most.
+            "redis_peak_clients": clients_peak}
+
+
+def plain_in_flight(run: Run, held: int, capacity: int, *, service_ms: int = 1000) -> dict:
+    """The same work through plain Celery on the gevent pool (bench/plain_worker.py: no lane,
+    no routing, a task that calls the simulator): what the machine gives one process of
+    Celery alone, the ceiling for any layer on top of it."""
+    from lanes.celery_client import make_celery
+    from lanes.settings import Settings
+    from plain_worker import PLAIN_TASK
+
+    sim = RemoteSim([f"wide-model:{capacity}:{service_ms}"])
+    run.made += 1
+    url = f"{run.base}/{run.made % 15 + 1}"
+    server = redis.Redis.from_url(url)
+    server.flushdb()
+    state = run.work / f"plain{run.made}"
+    app = make_celery(Settings(state_dir=state, redis_url=url), url, main="plain-client", kombu_transport=True)
+    proc = None
+    try:
+        count = capacity * 3
+        results = [app.send_task(PLAIN_TASK, args=[sim.base_url, "wide-model", CHAT], queue="plain")
+                   for _ in range(count)]
+        redis_cpu0, _ = redis_cpu_and_memory(server)
+        env = {**os.environ, "LANES_REDIS_URL": url, "LANES_STATE_DIR": str(state)}
+        proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_worker.py"), "--concurrency", str(held),
+                                 "--queue", "plain", "--pool", "gevent"], env=env, cwd=ROOT)
+
+        def finished() -> None:
+            deadline = time.monotonic() + 120
+            for result in results:
+                result.get(timeout=max(1.0, deadline - time.monotonic()), propagate=False)
+
+        report = watch(sim, server, [proc.pid], count, capacity, service_ms, finished)
+        report["redis_cpu_s_per_request"] = round((redis_cpu_and_memory(server)[0] - redis_cpu0) / count, 5)
+        return report
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(30)
+        app.close()
+        server.close()
         sim.stop()
 
 
@@ -225,8 +275,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", nargs="*", default=["burst", "shares", "inflight"])
     parser.add_argument("--capacity", type=int, default=None,
                         help="in flight: the simulator's capacity (default 1000; --smoke 50)")
-    parser.add_argument("--pools", nargs="*", default=["gevent", "threads"], choices=["gevent", "threads"],
-                        help="in flight: the worker pools to run (default both)")
+    parser.add_argument("--pools", nargs="*", default=["gevent", "threads", "plain"],
+                        choices=["gevent", "threads", "plain"],
+                        help="in flight: the worker pools to run (default all three; plain: plain Celery on "
+                             "the gevent pool, no lanes, the machine's ceiling for one process)")
     parser.add_argument("--processes", type=int, default=1,
                         help="in flight: worker processes sharing the queue (default 1)")
     parser.add_argument("--service-ms", type=int, default=1000,
@@ -253,6 +305,10 @@ def main(argv: list[str]) -> int:
                           f"service {args.service_ms} ms: "
                           f"{in_flight(run, pool, held, capacity, processes=args.processes, service_ms=args.service_ms)}",
                           flush=True)
+                if "plain" in args.pools and args.processes == 1:
+                    held = max(2000, capacity)
+                    print(f"inflight plain   held {held:5d} x 1 capacity {capacity} service {args.service_ms} ms: "
+                          f"{plain_in_flight(run, held, capacity, service_ms=args.service_ms)}", flush=True)
         finally:
             run.close()
     return 0

@@ -3,14 +3,27 @@ benchmarks' baseline. Same Celery settings as Lanes (JSON, acks_late,
 prefetch 1), no lanes, no priorities, no routing.
 
     python bench/plain_worker.py --concurrency 4 --queue plain
+    python bench/plain_worker.py --concurrency 2000 --queue plain --pool gevent
+
+On the gevent pool (bench_waiting.py's in-flight baseline) it is plain Celery
+tuned as a green worker must be: one result backend for the process (Celery's
+default builds one per green thread) and broker and HTTP pools with room for
+every task at once (kombu's pool of 10 refuses the rest).
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
-import time
-from pathlib import Path
+
+if __name__ == "__main__" and "gevent" in sys.argv:
+    # Before anything imports socket, ssl or threading (as workers/main.py does).
+    from gevent import monkey
+
+    monkey.patch_all()
+
+import argparse  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -23,10 +36,14 @@ from lanes.settings import load_settings  # noqa: E402
 PLAIN_TASK = "bench.plain_call"
 
 
-def create_app():
+def create_app(concurrency: int = 0, green: bool = False):
     settings = load_settings()
     app = make_celery(settings, resolve_redis_url(settings), main="plain", kombu_transport=True)  # plain Celery
-    backend = BackendClient()
+    backend = BackendClient(max_connections=max(256, concurrency))
+    if green:
+        app.conf.result_backend_thread_safe = True
+        app.conf.broker_transport_options = {**(app.conf.broker_transport_options or {}),
+                                             "max_connections": concurrency + 64}
 
     @app.task(name=PLAIN_TASK, acks_late=True)
     def plain_call(base_url: str, model: str, payload: dict) -> dict:
@@ -43,9 +60,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", type=int, required=True)
     parser.add_argument("--queue", default="plain")
+    parser.add_argument("--pool", default="threads", choices=["threads", "gevent"])
     args = parser.parse_args()
-    create_app().worker_main([
-        "--quiet", "worker", "--pool", "threads", "--concurrency", str(args.concurrency), "--queues", args.queue,
+    create_app(args.concurrency, green=args.pool == "gevent").worker_main([
+        "--quiet", "worker", "--pool", args.pool, "--concurrency", str(args.concurrency), "--queues", args.queue,
         "--hostname", f"plain-{args.queue}@%h", "--loglevel", "WARNING", "--without-gossip", "--without-mingle",
     ])
 
