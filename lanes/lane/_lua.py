@@ -122,7 +122,8 @@ class SyncRunner:
         # every command, which the direct path would bypass.
         # RESP2 and RESP3 (redis-py 8's default) alike: replies are read with
         # the connection's read_response, which handles RESP3 pushes.
-        self._pool = pool if (type(pool) in (ConnectionPool, BlockingConnectionPool) and getattr(client, "connection", None) is None
+        self._pool = pool if (type(pool) in (ConnectionPool, BlockingConnectionPool)
+                              and getattr(client, "connection", None) is None
                               and getattr(pool, "max_connections", 0) >= MIN_POOL_ROOM
                               and getattr(pool, "cache", None) is None) else None
         self._free: list = []
