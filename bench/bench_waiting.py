@@ -19,11 +19,11 @@ the same workers on Celery's threads pool, in one run.
   3N requests: the most in flight at the backend in steady state, CPU seconds
   per request and the worker's resident memory, against the threads pool at
   its largest (64 threads per queue, the old cap) and against plain Celery on
-  the gevent pool (no lanes: what one Celery process gives on the machine). ``--processes P`` shares
-  the queue among P processes holding 1.5N/P each (N in flight, N/2 waiting
-  in the lane), ``--service-ms`` sets the
-  backend's time per request; Redis's CPU per request and peak memory are
-  reported too.
+  the gevent pool (no lanes: what one Celery process gives on the machine).
+  ``--processes P`` shares the queue among P processes holding 1.5N/P each
+  (N in flight, N/2 waiting in the lane), ``--service-ms`` sets the backend's
+  time per request; Redis's CPU per request, peak memory, peak clients and
+  connections accepted are reported too.
 
 Each case runs through a real Redis (embedded), real supervised workers and
 the simulator in a process of its own.
@@ -173,8 +173,7 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
         # The work is queued first, so the workers alone set the pace (not the submitter).
         count = capacity * 3
         results = [dep.client.submit("bulk", CHAT) for _ in range(count)]
-        redis_cpu0, _ = redis_cpu_and_memory(server)
-        connections0 = int(server.info("stats")["total_connections_received"])
+        redis_before = redis_counters(server)
         # ``processes`` worker processes of the background queue, each holding
         # ``held`` messages (the threads pool: one thread each; its old cap was 64 a queue).
         for n in range(processes):
@@ -185,20 +184,24 @@ def in_flight(run: Run, pool: str, held: int, capacity: int, *, processes: int =
             workers.append(proc.pid)
         # For a profiler to attach to (py-spy record --pid).
         print(f"inflight worker pids {workers}", flush=True)
-        report = watch(sim, server, workers, count, capacity, service_ms, lambda: finish(dep, results, 120))
-        report["redis_cpu_s_per_request"] = round((redis_cpu_and_memory(server)[0] - redis_cpu0) / count, 5)
-        report["redis_connections_opened"] = int(server.info("stats")["total_connections_received"]) - connections0
-        return report
+        return watch(sim, server, redis_before, workers, count, capacity, service_ms,
+                     lambda: finish(dep, results, 120))
     finally:
         server.close()
         dep.close()
         sim.stop()
 
 
-def watch(sim: RemoteSim, server: redis.Redis, workers: list[int], count: int, capacity: int, service_ms: int,
-          finished) -> dict:
+def redis_counters(client: redis.Redis) -> tuple[float, int]:
+    """Redis's CPU seconds and the connections it has accepted, so far."""
+    return redis_cpu_and_memory(client)[0], int(client.info("stats")["total_connections_received"])
+
+
+def watch(sim: RemoteSim, server: redis.Redis, redis_before: tuple[float, int], workers: list[int], count: int,
+          capacity: int, service_ms: int, finished) -> dict:
     """Sample the simulator until it has served ``count``, then call ``finished`` (every
-    result in) and report what was in flight, the workers' CPU and memory, and Redis's."""
+    result in) and report what was in flight, the workers' CPU and memory, and Redis's
+    (``redis_before``: :func:`redis_counters` before the workers started)."""
     cpu0 = sum(process_cpu_and_rss(pid)[0] for pid in workers)
     samples = []
     redis_peak = clients_peak = 0
@@ -213,6 +216,7 @@ def watch(sim: RemoteSim, server: redis.Redis, workers: list[int], count: int, c
         time.sleep(0.25)
     finished()
     ends = [process_cpu_and_rss(pid) for pid in workers]
+    redis_cpu, connections = redis_counters(server)
     # Steady state: the middle third of the work (the first and last thirds
     # are the ramp up and the drain of the backlog).
     steady = sorted(flying for served, flying in samples if capacity <= served <= count - capacity) or [0]
@@ -221,10 +225,12 @@ def watch(sim: RemoteSim, server: redis.Redis, workers: list[int], count: int, c
             "width": capacity, "requests": count,
             "cpu_s_per_request": round((sum(cpu for cpu, _ in ends) - cpu0) / count, 5),
             "worker_rss_mb": [round(rss / 2**20, 1) for _, rss in ends],
+            "redis_cpu_s_per_request": round((redis_cpu - redis_before[0]) / count, 5),
             "redis_peak_memory_mb": round(redis_peak / 2**20, 1),
             # Every client of the bench's Redis (the workers, the simulator's
             # harness, this script): what the workers' pools opened at most.
-            "redis_peak_clients": clients_peak}
+            "redis_peak_clients": clients_peak,
+            "redis_connections_opened": connections - redis_before[1]}
 
 
 def plain_in_flight(run: Run, held: int, capacity: int, *, service_ms: int = 1000) -> dict:
@@ -247,7 +253,7 @@ def plain_in_flight(run: Run, held: int, capacity: int, *, service_ms: int = 100
         count = capacity * 3
         results = [app.send_task(PLAIN_TASK, args=[sim.base_url, "wide-model", CHAT], queue="plain")
                    for _ in range(count)]
-        redis_cpu0, _ = redis_cpu_and_memory(server)
+        redis_before = redis_counters(server)
         env = {**os.environ, "LANES_REDIS_URL": url, "LANES_STATE_DIR": str(state)}
         proc = subprocess.Popen([sys.executable, str(ROOT / "bench" / "plain_worker.py"), "--concurrency", str(held),
                                  "--queue", "plain", "--pool", "gevent"], env=env, cwd=ROOT)
@@ -257,9 +263,7 @@ def plain_in_flight(run: Run, held: int, capacity: int, *, service_ms: int = 100
             for result in results:
                 result.get(timeout=max(1.0, deadline - time.monotonic()), propagate=False)
 
-        report = watch(sim, server, [proc.pid], count, capacity, service_ms, finished)
-        report["redis_cpu_s_per_request"] = round((redis_cpu_and_memory(server)[0] - redis_cpu0) / count, 5)
-        return report
+        return watch(sim, server, redis_before, [proc.pid], count, capacity, service_ms, finished)
     finally:
         if proc is not None:
             proc.terminate()
