@@ -322,6 +322,10 @@ LANE_MIN_COMPLETIONS = 20
 # A reading that saw this much more running (a share of it) than the lane's answers say ran
 # has outlived the yardstick those answers are read by.
 YARDSTICK_OUTGROWN = 0.5
+# Requests in transit between vLLM and the lane's count at a reading: at most this many, or this
+# share of what runs.
+LANE_TRANSIT = 2
+LANE_TRANSIT_SHARE = 0.02
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
@@ -329,6 +333,16 @@ LANE_MARGIN = 0.10
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
 # tell from waiting; from then on only the readings judge a growth.
 LANE_SLOWS = 0.10
+
+
+def _lane_count(lane: float, running: int) -> int:
+    """The lane's count of what ran (in flight less what waits in vLLM) where it says more than
+    the running gauge by more than the requests in transit (an answer the lane has not counted
+    yet, a call not yet in vLLM's queue), else the gauge. One in transit read a cap of 101 for
+    100: 15 s of every admitted request waiting behind it, 3.7 % of F2's (10 % of scrapes
+    failing)."""
+    lane = int(lane)
+    return lane if lane - running > max(LANE_TRANSIT, running * LANE_TRANSIT_SHARE) else running
 
 
 def _mean_call(s: Signals) -> float | None:
@@ -368,7 +382,7 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
     settled = s.width_age_seconds is None or (
         memo.get("last_width") == s.width and s.width_age_seconds >= (s.window_seconds or 0) + params["gauge_lag_seconds"])
     if call is not None and queued <= 0 and settled:
-        memo["call_s"], memo["call_at"] = call, memo.get("decisions", 0)
+        memo["call_s"], memo["call_at"], memo["call_width"] = call, memo.get("decisions", 0), s.width
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
@@ -434,6 +448,18 @@ def _probe_judged(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propo
                                    f"vLLM; back to the running cap {cap}")
 
 
+def _within_gauge_cap(width: int, memo: dict) -> bool:
+    """Whether ``width`` is at or below a running cap the gauges measured (max_num_seqs binding,
+    exact) on the endpoints the lane reads now. A growth back there is left to the readings: the
+    lane's yardstick was taken at a smaller batch, and calls slow as the batch grows (2.44 s at
+    63 running, 3 s at 100), so answers read against it "showed" 73 run of 100 after a
+    long-context burst, and the lane cut to 72 and climbed back a probe at a time (F12: idle
+    17 % of the run). A growth is read at every decision until a reading judges it."""
+    cap = memo.get("cap")
+    return (cap is not None and not memo.get("cap_lane") and width <= cap
+            and memo.get("cap_endpoints") == memo.get("endpoints"))
+
+
 def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal | None:
     """The width judged by the lane's own answers between readings (a reading comes every
     third decision by default): at the backend's mean call time, the interval's answers show
@@ -456,6 +482,13 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # count of 488 in flight at width 178 read as 7 run at once once sent a pool to 7).
         return None
     above = s.width > proven
+    if above and _within_gauge_cap(s.width, memo):
+        return None
+    if not above and memo.get("call_width", s.width) < s.width * (1 - LANE_MARGIN):
+        # A shrink is judged by a yardstick taken at about this batch: one taken at a smaller one
+        # is shorter than the calls are now (1.28 s at 40, about 3 s at 88), and answers read
+        # against it "showed" 39 run of 88 (F4, one address: the pool went to 39 and back).
+        return None
     g = s.gauges
     judged_after = g is not None and probing.evidence_after_change(s.width_age_seconds, g.age_seconds,
                                                                     params["gauge_lag_seconds"])
@@ -617,7 +650,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             if probing.evidence_after_change(s.width_age_seconds, g.age_seconds, params["gauge_lag_seconds"]):
                 # Only at the width the reading saw: right after a change the count is of
                 # another width (698 in flight less 171 waiting 6 s before read 527 for 512).
-                running = max(running, int(s.in_flight - queued))
+                running = max(running, _lane_count(s.in_flight - queued, running))
             confirmed = _cap_agrees(memo, running, g.endpoints, params)
             memo["cap"], memo["cap_endpoints"] = running, g.endpoints
             memo.pop("cap_lane", None)

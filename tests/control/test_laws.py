@@ -160,6 +160,18 @@ def test_a_running_gauge_read_low_is_not_taken_for_a_lower_cap():
     assert vllm_law(s, WIDE, VLLM, memo).width == 100 and memo["cap"] == 100
 
 
+def test_a_request_in_transit_is_not_taken_for_a_higher_cap():
+    # 105 in flight, 4 waiting in vLLM, 100 running: the one the lane counts over the gauge is in
+    # transit (answered, not yet counted). Cut to 100, not 101, where all admitted work waits.
+    memo = {}
+    s = Signals(width=105, in_flight=105, waiting=50, gauges=gauges(100, waiting=4, capacity=4, kv=0.47))
+    assert vllm_law(s, WIDE, VLLM, memo).width == 100 and memo["cap"] == 100
+    # At 512 running, ten in transit is 2 %: still the gauge.
+    memo = {}
+    s = Signals(width=600, in_flight=600, waiting=50, gauges=gauges(512, waiting=78, capacity=78, kv=0.6))
+    assert vllm_law(s, WIDE, VLLM, memo).width == 512
+
+
 def test_near_full_grows_into_the_room_the_kv_cache_measures_and_a_low_load_holds():
     # 9 running fill 50 % of the cache: 17 fit below the 98 % threshold.
     grow = Signals(width=10, in_flight=10, waiting=30, gauges=gauges(9))
@@ -245,6 +257,34 @@ def test_a_reading_that_saw_far_more_run_than_the_yardstick_allows_drops_it_and_
     s = replace(s, gauges=Gauges(ok=True, running=80, waiting=0, waiting_capacity=0, kv_usage=0.2, age_seconds=9.0))
     cut = _lane_evidence(s, WIDE, VLLM, memo)
     assert cut is not None and cut.width == 80 and memo["call_s"] == 1.5
+
+
+def test_a_growth_back_to_a_running_cap_the_gauges_measured_is_left_to_the_readings():
+    # After a long-context burst (63 ran, calls of 2.44 s at that batch) the width went back to
+    # the running cap of 100 the gauges measured before it. At 100 the calls take about 3 s:
+    # 149 answers in 5 s read against 2.44 s "show" 73 run at once. No cut on that.
+    memo = {"proven": 63, "endpoints": 2, "call_s": 2.44, "call_at": 0, "decisions": 5, "was_full": True,
+            "cap": 100, "cap_endpoints": 2}
+    s = Signals(width=100, in_flight=100, waiting=1000, completions=149, window_seconds=5.0,
+                served_concurrency=149 * 3.0 / 5.0, width_age_seconds=10.0)
+    assert _lane_evidence(s, WIDE, VLLM, memo) is None
+    # Above that cap, or with a cap the lane measured itself, the answers judge the growth.
+    for more in ({"cap": 90}, {"cap_lane": True}, {"cap_endpoints": 1}):
+        cut = _lane_evidence(s, WIDE, VLLM, {**memo, **more})
+        assert cut is not None and cut.width == 72, more
+
+
+def test_a_shrink_is_judged_only_by_a_yardstick_taken_at_about_the_same_batch():
+    # One address in front of two replicas: the yardstick (1.28 s a call) was taken at a width of
+    # 40; at 88 calls take about 3 s. 153 answers in 5 s read against 1.28 s "show" 39 run of 88.
+    memo = {"proven": 88, "endpoints": 1, "call_s": 1.28, "call_width": 40, "call_at": 0, "decisions": 5,
+            "was_full": True}
+    s = Signals(width=88, in_flight=88, waiting=1000, completions=153, window_seconds=5.0,
+                served_concurrency=153 * 2.9 / 5.0, width_age_seconds=10.0)
+    assert _lane_evidence(s, WIDE, VLLM, memo) is None
+    # The same answers against a yardstick taken at 88: the backend shrank, and the width follows.
+    cut = _lane_evidence(s, WIDE, VLLM, {**memo, "call_width": 88})
+    assert cut is not None and cut.width == 39
 
 
 def test_a_small_first_cap_stands_without_a_probe_to_confirm_it():
