@@ -240,7 +240,10 @@ def print_field_table(laws: dict[str, Decide], smoke: bool) -> None:
     print(f"{'scenario':36} {'law':20} {'width (last half)':>18} {'running':>9} {'over':>6} "
           f"{'ITL ms':>7} {'TTFT p50':>9} {'tokens/s':>9} {'preempt':>8}")
     for sc in field_scenarios(smoke):
-        for name, law in laws.items():
+        # The engines' own cost at their bound (max_num_seqs over both): a request that arrives
+        # while the step's token budget is spent waits in the queue even at a fixed width.
+        bound = sc.max_num_seqs * sc.replicas
+        for name, law in {**laws, f"fixed width {bound}": fixed(bound)}.items():
             run = simulate_physical(sc, law)
             tail = run.widths[len(run.widths) // 2:]
             running = run.running[len(run.running) // 2:]

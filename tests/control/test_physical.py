@@ -123,3 +123,18 @@ def test_on_the_engines_after_a_long_context_burst_the_width_goes_back_up_within
     run = simulate_on_engines(sc, law)
     after = run.widths[60:]  # from 120 s after the burst ended
     assert sum(after) / len(after) >= 75 and max(after) >= 80, run.widths
+
+
+def test_the_benchmarks_oracle_follows_the_capacity_and_a_swing_every_20_s_costs_it_more_than_5_percent():
+    # bench_control's oracle row: the capacity the scenario has at each decision, which no law can
+    # read. What it still costs is the scenario's: on F5's swing the batch above each drop waits.
+    from bench_control import oracle
+
+    swing = tuple((t * 20.0, 100 if t % 2 == 0 else 50) for t in range(6))
+    sc = Scenario("swing", swing, 100, mode="gauges", cycles=24, ceiling=2000, lag_range=(3.0, 6.0),
+                  scrape_s=12.0, kv_at_full=0.5)
+    run = simulate_on_engines(sc, oracle(sc))
+    assert run.widths == [sc.capacity_at((i + 1) * sc.interval_s) for i in range(len(run.widths))], run.widths
+    steady = replace(sc, capacity=((0, 100),))
+    at_capacity = simulate_on_engines(steady, oracle(steady)).over_requests  # the first prompts' burst
+    assert run.over_requests > 0.05 and run.over_requests > 2 * at_capacity, (run.over_requests, at_capacity)
