@@ -518,6 +518,14 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # have been full at the decision before too.
         return None
     target = bounds.clamp(max(proven, math.floor(ran)) if above else math.floor(ran))
+    before = memo.get("width_before")
+    if above and before is not None and proven <= before < target and \
+            target - before <= ran * 3 / math.sqrt(s.completions):
+        # A growth whose answers show no more run than the width before it, within their count's
+        # noise, bought nothing: back to that width (a reading saw it near full, nothing waiting:
+        # the growth came from there), not to a noisy count above it (105 for 100, where every
+        # request admitted for the 15 s to the next reading waited: 1.6 % of F2's requests).
+        target = before
     if target >= s.width:
         return None
     probed = _probing_above(s.width, memo)
@@ -622,6 +630,8 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     saturated, why = saturation(g, params) if g is not None and g.ok else (False, "")
     if g is not None and g.ok and g.complete:
         _learn_from_reading(s, g, params, memo)
+    if memo.get("last_width") not in (None, width):
+        memo["width_before"] = memo["last_width"]  # what the lane's answers judge a growth against
     memo["last_width"] = width
     if not saturated:
         lane = _probe_judged(s, bounds, params, memo) or _lane_evidence(s, bounds, params, memo)

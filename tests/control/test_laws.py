@@ -287,6 +287,22 @@ def test_a_shrink_is_judged_only_by_a_yardstick_taken_at_about_the_same_batch():
     assert cut is not None and cut.width == 39
 
 
+def test_a_growth_whose_answers_show_no_more_run_than_before_goes_back_to_the_width_before_it():
+    # 100 ran with nothing waiting, the KV room said 208; the next interval's 151 answers at a
+    # yardstick of 3.48 s "show" 105 run at once: within the count's noise of the 100 before the
+    # growth. Back to 100, not 105 (where every request admitted until the next reading waits).
+    memo = {"proven": 99, "endpoints": 2, "call_s": 3.48, "call_width": 100, "call_at": 0, "decisions": 5,
+            "was_full": True, "width_before": 100}
+    s = Signals(width=208, in_flight=208, waiting=1000, completions=151, window_seconds=5.0,
+                served_concurrency=151 * 6.9 / 5.0, width_age_seconds=5.0)
+    assert _lane_evidence(s, WIDE, VLLM, dict(memo)).width == 100
+    # Answers that show clearly more than the width before: back to what ran.
+    more = replace(s, completions=200, served_concurrency=200 * 6.9 / 5.0)
+    assert _lane_evidence(more, WIDE, VLLM, dict(memo)).width == 139
+    memo.pop("width_before")
+    assert _lane_evidence(s, WIDE, VLLM, memo).width == 105
+
+
 def test_a_small_first_cap_stands_without_a_probe_to_confirm_it():
     # Capacity 1: the growth to 2 shows 1 running and 1 waiting with the cache at 45 %. A probe
     # to confirm it would be +100 % for a reading (capacity 1 settled in 16 decisions); a
