@@ -333,6 +333,9 @@ LANE_MARGIN = 0.10
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
 # tell from waiting; from then on only the readings judge a growth.
 LANE_SLOWS = 0.10
+# Yardsticks kept by the width they were taken at (a pool whose capacity swings is judged at each
+# of its widths by calls of that batch).
+YARDSTICKS_KEPT = 6
 
 
 def _lane_count(lane: float, running: int) -> int:
@@ -366,6 +369,7 @@ def _yardstick_outgrown(s: Signals, ran: float, memo: dict) -> bool:
     if g.running + g.held <= ran * (1 + YARDSTICK_OUTGROWN):
         return False
     memo.pop("call_s", None)
+    memo.pop("yardsticks", None)
     return True
 
 
@@ -383,11 +387,43 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
         memo.get("last_width") == s.width and s.width_age_seconds >= (s.window_seconds or 0) + params["gauge_lag_seconds"])
     if call is not None and queued <= 0 and settled:
         memo["call_s"], memo["call_at"], memo["call_width"] = call, memo.get("decisions", 0), s.width
+        _keep_yardstick(memo, s.width, call)
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
             for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
                 memo.pop(key, None)
+
+
+def _keep_yardstick(memo: dict, width: int, call: float) -> None:
+    """Keep the yardstick by the width it was taken at (the newest of each width, within
+    ``LANE_MARGIN``; a few widths): calls slow as the batch grows, so a width is judged by one
+    taken at about it when the lane has been there before."""
+    kept = [y for y in memo.get("yardsticks", []) if abs(y[0] - width) > LANE_MARGIN * width]
+    memo["yardsticks"] = (kept + [[width, call]])[-YARDSTICKS_KEPT:]
+
+
+def _yardstick_at(memo: dict, width: int) -> float | None:
+    """The mean call time at about ``width`` by the yardsticks taken at other widths, or None:
+    the newest taken within ``LANE_MARGIN`` of it; else a straight line through the two taken
+    nearest on either side (between them, or a little above the widest: a decode step costs
+    about a fixed part plus a part per running request, so calls lengthen about linearly with
+    the batch)."""
+    sticks = memo.get("yardsticks", [])
+    for taken_at, call in reversed(sticks):
+        if abs(taken_at - width) <= LANE_MARGIN * width:
+            return call
+    below = sorted(y for y in sticks if y[0] < width)
+    above = sorted(y for y in sticks if y[0] > width)
+    if below and above:
+        (w0, c0), (w1, c1) = below[-1], above[0]
+    elif len(below) >= 2 and width <= below[-1][0] * (1 + 2 * LANE_MARGIN):
+        (w0, c0), (w1, c1) = below[-2], below[-1]
+    else:
+        return None
+    if c1 < c0:
+        return None  # shorter calls at a larger batch: another backend since, not a slope
+    return c0 + (c1 - c0) * (width - w0) / (w1 - w0)
 
 
 def _call_margin(s: Signals, share: float) -> float:
@@ -484,7 +520,18 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     above = s.width > proven
     if above and _within_gauge_cap(s.width, memo):
         return None
-    if not above and memo.get("call_width", s.width) < s.width * (1 - LANE_MARGIN):
+    if (above and memo.get("cap_lane") and memo.get("cap") is not None and s.width <= memo["cap"]
+            and s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0)):
+        # A growth back to a cap the lane measured, in its own interval: the calls that ended in it
+        # began at the width before (113 answers "showed" 51 run of 96, and a pool whose capacity
+        # had come back to 100 went back to 52). The next interval's answers judge it.
+        return None
+    near = _yardstick_at(memo, s.width)
+    if near is not None:
+        # Calls of about this batch (at 96, 3.25 s by the line through 86 and 52, where the last
+        # yardstick, taken at 52, said 2.27 s and "showed" 68 run of 96).
+        call = near
+    elif not above and memo.get("call_width", s.width) < s.width * (1 - LANE_MARGIN):
         # A shrink is judged by a yardstick taken at about this batch: one taken at a smaller one
         # is shorter than the calls are now (1.28 s at 40, about 3 s at 88), and answers read
         # against it "showed" 39 run of 88 (F4, one address: the pool went to 39 and back).

@@ -287,6 +287,38 @@ def test_a_shrink_is_judged_only_by_a_yardstick_taken_at_about_the_same_batch():
     assert cut is not None and cut.width == 39
 
 
+def test_a_growth_is_judged_by_yardsticks_taken_at_about_its_batch():
+    # Capacity swings 100 <-> 50: yardsticks were taken at 86 (3.03 s a call) and, last, at 52
+    # (2.27 s). Back at 96, calls take about 3.3 s: 149 answers read against 2.27 s "show" 68 run
+    # at once and cut to 68. Read against the line through the two (3.25 s at 96), 97 ran.
+    memo = {"proven": 52, "endpoints": 2, "call_s": 2.27, "call_width": 52, "call_at": 0, "decisions": 5,
+            "was_full": True, "yardsticks": [[86, 3.03], [52, 2.27]]}
+    s = Signals(width=96, in_flight=96, waiting=1000, completions=149, window_seconds=5.0,
+                served_concurrency=149 * 3.28 / 5.0, width_age_seconds=10.0)
+    assert _lane_evidence(s, WIDE, VLLM, dict(memo)) is None
+    # With no yardstick near that batch, the last one judges it, as before.
+    cut = _lane_evidence(s, WIDE, VLLM, {**memo, "yardsticks": [[52, 2.27]]})
+    assert cut is not None and cut.width == 67
+    # Well above every yardstick no line is drawn: a jump into the KV room is judged at once.
+    jump = replace(s, width=211, in_flight=211, completions=135, served_concurrency=135 * 7.8 / 5.0)
+    cut = _lane_evidence(jump, WIDE, VLLM, dict(memo))
+    assert cut is not None and cut.width == 61
+
+
+def test_a_growth_back_to_a_cap_the_lane_measured_waits_for_answers_of_its_own_width():
+    # From 52 back to the lane's cap of 96: the calls that end in the growth's own interval began
+    # at 52, and 113 answers "show" 51 run at once. Judged by them, the pool went back to 52 and
+    # climbed a probe at a time while the capacity was 100.
+    memo = {"proven": 52, "endpoints": 2, "call_s": 2.27, "call_width": 52, "call_at": 0, "decisions": 5,
+            "was_full": True, "cap": 96, "cap_endpoints": 2, "cap_lane": True}
+    s = Signals(width=96, in_flight=96, waiting=1000, completions=113, window_seconds=5.0,
+                served_concurrency=72.6, width_age_seconds=5.0)
+    assert _lane_evidence(s, WIDE, VLLM, dict(memo)) is None
+    # The next interval's answers (all of calls begun at 96) judge it.
+    cut = _lane_evidence(replace(s, width_age_seconds=10.0), WIDE, VLLM, dict(memo))
+    assert cut is not None and cut.width == 52
+
+
 def test_a_growth_whose_answers_show_no_more_run_than_before_goes_back_to_the_width_before_it():
     # 100 ran with nothing waiting, the KV room said 208; the next interval's 151 answers at a
     # yardstick of 3.48 s "show" 105 run at once: within the count's noise of the 100 before the
