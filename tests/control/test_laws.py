@@ -242,6 +242,24 @@ def test_a_first_cap_read_during_a_prefill_backlog_is_probed_again_at_the_next_r
     assert ran.width > probe.width and "cap" not in memo
 
 
+def test_a_first_cap_read_behind_one_address_is_raised_by_a_probe_that_ran_not_forgotten():
+    # One address in front of two replicas: each reading is one replica's, x2. A first cap of 88;
+    # the probe at 93 "ran 94" (47 x 2), which says the probe held, not that the cap was far off.
+    # Forgotten, it sent the width into the KV room (210 for a capacity of 100) until the lane's
+    # answers cut it. Now the cap is raised to what ran and the next probe follows.
+    def probe_ran(memo):
+        return vllm_law(Signals(width=93, in_flight=93, waiting=50, gauges=gauges(47, kv=0.44)), WIDE, VLLM, memo)
+
+    one_of_two = {"replicas": 2, "replicas_guess": 2}
+    memo = {**one_of_two, "cap": 88, "cap_endpoints": 1, "measured": 88, "failed": 160}
+    held = probe_ran(memo)
+    assert held.width == 93 and "running cap is raised" in held.reason and memo["cap"] == 94
+    # Read directly (the same 94 seen on the pool's own endpoints), the cap is forgotten.
+    memo = {"cap": 88, "cap_endpoints": 1, "measured": 88, "failed": 160}
+    grown = vllm_law(Signals(width=93, in_flight=93, waiting=50, gauges=gauges(94, kv=0.44)), WIDE, VLLM, memo)
+    assert grown.width > 120 and "cap" not in memo
+
+
 def test_a_reading_that_saw_far_more_run_than_the_yardstick_allows_drops_it_and_cuts_nothing():
     # The yardstick (1.5 s a call) was taken at 8 running; at 512 the calls take several times
     # that. 239 answers in 5 s read against it "showed" 72 run at once, while this decision's
