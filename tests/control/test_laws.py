@@ -242,6 +242,21 @@ def test_a_first_cap_read_during_a_prefill_backlog_is_probed_again_at_the_next_r
     assert ran.width > probe.width and "cap" not in memo
 
 
+def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_once():
+    # The KV room said 104; max_num_seqs is 100: 100 run and 2 wait. No prefill backlog leaves
+    # 2 of the 64 a growth added: the cap stands for its back-off, no confirmation probe (which
+    # made every request admitted for an interval wait).
+    memo = {}
+    cut = vllm_law(Signals(width=104, in_flight=104, waiting=50, gauges=gauges(100, 2, 2, kv=0.94)), WIDE, VLLM,
+                   memo)
+    assert cut.width == 100 and "to be confirmed" not in cut.reason
+    held = vllm_law(Signals(width=100, in_flight=100, waiting=50, gauges=gauges(100, kv=0.93)), WIDE, VLLM, memo)
+    assert held.width == 100 and "no probe above it" in held.reason
+    # Three waiting at 100 is more than a width just over the cap: a first measurement.
+    cut = vllm_law(Signals(width=104, in_flight=104, waiting=50, gauges=gauges(100, 3, 3, kv=0.94)), WIDE, VLLM, {})
+    assert "to be confirmed" in cut.reason
+
+
 def test_a_first_cap_read_behind_one_address_is_raised_by_a_probe_that_ran_not_forgotten():
     # One address in front of two replicas: each reading is one replica's, x2. A first cap of 88;
     # the probe at 93 "ran 94" (47 x 2), which says the probe held, not that the cap was far off.
