@@ -494,6 +494,12 @@ def _probe_judged(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Propo
                                    f"vLLM; back to the running cap {cap}")
 
 
+def _began_at_change(s: Signals) -> bool:
+    """Whether the interval began with the width's last change (its answers are of calls begun
+    at the width before)."""
+    return s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0)
+
+
 def _within_gauge_cap(width: int, memo: dict) -> bool:
     """Whether ``width`` is at or below a running cap the gauges measured (max_num_seqs binding,
     exact) on the endpoints the lane reads now. A growth back there is left to the readings: the
@@ -530,8 +536,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     above = s.width > proven
     if above and _within_gauge_cap(s.width, memo):
         return None
-    if (above and memo.get("cap_lane") and memo.get("cap") is not None and s.width <= memo["cap"]
-            and s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0)):
+    if above and memo.get("cap_lane") and memo.get("cap") is not None and s.width <= memo["cap"] and _began_at_change(s):
         # A growth back to a cap the lane measured, in its own interval: the calls that ended in it
         # began at the width before (113 answers "showed" 51 run of 96, and a pool whose capacity
         # had come back to 100 went back to 52). The next interval's answers judge it.
@@ -592,7 +597,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
         memo["lane_call"] = call
-        if s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0):
+        if _began_at_change(s):
             # The interval began at the growth: calls begun at the old width and the new ones'
             # prefills make its answers read low (86 of 100 after a growth to 211), so the cap
             # waits one reading, as a first measurement by the gauges does, not its back-off.
