@@ -295,7 +295,7 @@ def _just_over(queued: float, running: float) -> bool:
     width a few over max_num_seqs leaves those few, and a cap read so stands at once (its
     confirmation probe made every request admitted for an interval wait: C = 100 from 10, 7.9 ->
     5.4 % of requests; 100 -> 20, 15.3 -> 11.2 %)."""
-    return queued <= max(LANE_TRANSIT, running * LANE_TRANSIT_SHARE)
+    return queued <= _in_transit(running)
 
 
 def _step_share(cap: int, params: dict) -> float:
@@ -348,6 +348,11 @@ LANE_SLOWS = 0.10
 YARDSTICKS_KEPT = 6
 
 
+def _in_transit(running: float) -> float:
+    """How many requests may be in transit between vLLM and the lane's count at a reading."""
+    return max(LANE_TRANSIT, running * LANE_TRANSIT_SHARE)
+
+
 def _lane_count(lane: float, running: int) -> int:
     """The lane's count of what ran (in flight less what waits in vLLM) where it says more than
     the running gauge by more than the requests in transit (an answer the lane has not counted
@@ -355,7 +360,7 @@ def _lane_count(lane: float, running: int) -> int:
     100, and every request admitted for the 15 s to the next reading waited behind it (F2, 10 %
     of scrapes failing: 6.7 % of requests waited, 5.6 % without it)."""
     lane = int(lane)
-    return lane if lane - running > max(LANE_TRANSIT, running * LANE_TRANSIT_SHARE) else running
+    return lane if lane - running > _in_transit(running) else running
 
 
 def _mean_call(s: Signals) -> float | None:
