@@ -318,23 +318,6 @@ def _cap_measured(memo: dict, params: dict, *, confirmed: bool, probed: bool) ->
         memo["cap_quiet_until"] = memo.get("n", 0) + 1
 
 
-def _ran_clear(s: Signals, g: Gauges, memo: dict) -> None:
-    """Keep the most a complete reading saw run with nothing waiting, at most what the lane has
-    in flight (a noisy gauge cannot raise it): max_num_seqs is at least that, on these endpoints.
-    However old the reading, the backend ran that many at once then."""
-    if not g.complete:
-        return
-    ran = int(min(g.running + g.held, s.in_flight))
-    if memo.get("ran_endpoints") != g.endpoints:
-        memo.pop("ran", None)
-    memo["ran"], memo["ran_endpoints"] = max(ran, memo.get("ran", 0)), g.endpoints
-
-
-def _ran(memo: dict, g: Gauges) -> int | None:
-    ran = memo.get("ran")
-    return ran if ran is not None and memo.get("ran_endpoints") == g.endpoints else None
-
-
 def _cap(memo: dict, g: Gauges) -> int | None:
     """The running cap measured on this pool's endpoints (another set of endpoints has another)."""
     cap = memo.get("cap")
@@ -423,8 +406,7 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "cap_first", "measured",
-                        "failed"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
                 memo.pop(key, None)
 
 
@@ -619,7 +601,6 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     probing.failed(memo, s.width, target, params, probed=probed)
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
-        memo.pop("cap_first", None)  # kept for its back-off at once (see _cap_agrees)
         memo["lane_call"] = call
         if _began_at_change(s):
             # The interval began at the growth: calls begun at the old width and the new ones'
@@ -729,13 +710,10 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         given_up = failed_scrape(s, bounds, params, memo.get("measured"))
         if given_up.decision == "cut" and memo.get("cap") is not None and width > memo["cap"]:
             # A probe above the running cap that no reading could judge cost what a failed one
-            # costs: the next waits the cap's back-off again, not for the next reading. A first
-            # cap's probe was its confirmation: it is tried again after one reading.
-            _cap_measured(memo, params, confirmed=not memo.get("cap_first"), probed=False)
+            # costs: the next waits the cap's back-off again, not for the next reading.
+            _cap_back_off(memo, params, probed=False)
         return given_up
     partial = "" if g.complete else f" ({g.fresh} of {g.endpoints} endpoints fresh; {g.held:g} held for the rest)"
-    if not saturated:
-        _ran_clear(s, g, memo)
     if saturated:
         # What runs on the endpoints that answered, plus what the lane keeps on
         # those that did not (they are neither judged nor cut for it).
@@ -756,30 +734,8 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                 # Only at the width the reading saw: right after a change the count is of
                 # another width (698 in flight less 171 waiting 6 s before read 527 for 512).
                 running = max(running, _lane_count(s.in_flight - queued, running))
-            ran = _ran(memo, g)
-            if ran is not None and running + _in_transit(running) < ran:
-                # max_num_seqs did not shrink since ``ran`` ran with nothing waiting: this is a
-                # growth's prefill backlog, not the running limit. Back to what ran, no cap (taken
-                # for caps, 446 and 455 were probed, forgotten and jumped into the KV room again).
-                memo.pop("ran", None)  # once: a second such reading is a cap (a reconfigured backend)
-                target = max(bounds.floor, ran)
-                if target >= width:
-                    return _hold(width, f"saturated ({why}) with {running} running, below the {ran} that "
-                                        f"ran clear: a prefill backlog{partial}")
-                memo["measured"], memo["failed"] = target, width
-                probing.failed(memo, width, target, params, probed=_probing_above(width, memo))
-                return Proposal(target, "cut", f"saturated ({why}) with {running} running, below the {ran} that ran "
-                                               f"clear: a prefill backlog, not the running cap; back to {ran}{partial}")
-            if (known is not None and memo.get("cap_first") and s.in_flight <= width <= known
-                    and running + _in_transit(running) < known):
-                # At (or below) a first cap, a running limit there leaves nothing waiting: work
-                # that waits with fewer running waits for the step's token budget, which a
-                # narrower width does not relieve (confirmed at 232, such a reading held two
-                # H100s at 232 of 512). A confirmed cap is cut as before.
-                return _hold(width, f"saturated ({why}) with {running} running, below the running cap {known} "
-                                    f"at a width of {width}: a prefill backlog{partial}")
             confirmed = _cap_agrees(memo, running, g.endpoints, params) or _just_over(queued, running)
-            memo["cap"], memo["cap_endpoints"], memo["cap_first"] = running, g.endpoints, not confirmed
+            memo["cap"], memo["cap_endpoints"] = running, g.endpoints
             memo.pop("cap_lane", None)
         # Work waiting while the cache has room: the running count is the cap, however old the
         # reading (the backend was full then), so the cut goes all the way to it at once.
@@ -834,8 +790,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # show that): the backend was reconfigured, or a first cap was a burst's prefill
             # backlog. Growth goes by the KV room again. (Raising a first cap to what ran, a
             # probe at a time, kept a backend grown from 6 to 12 below 11 for 40 s live.)
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane",
-                        "cap_first"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
                 memo.pop(key, None)
             probing.held(memo)
             cap = measured = None

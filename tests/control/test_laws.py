@@ -242,68 +242,13 @@ def test_a_first_cap_read_during_a_prefill_backlog_is_probed_again_at_the_next_r
     assert ran.width > probe.width and "cap" not in memo
 
 
-def test_work_waiting_with_fewer_running_than_ran_clear_is_a_prefill_backlog_not_a_cap():
-    # 469 ran with nothing waiting, so max_num_seqs is at least 469. A growth to the KV room (673)
-    # then reads 455 running and 202 waiting: the step's token budget, not the running limit.
-    # Taken for a cap, it was probed and forgotten again (three excursions on the physical engines).
-    memo = {}
-    vllm_law(Signals(width=469, in_flight=469, waiting=1000, gauges=gauges(469, kv=0.68)), WIDE, VLLM, memo)
-    cut = vllm_law(Signals(width=673, in_flight=673, waiting=1000, width_age_seconds=5.0,
-                           gauges=gauges(455, 202, 202, kv=0.62)), WIDE, VLLM, memo)
-    assert cut.width == 469 and "prefill backlog" in cut.reason and "cap" not in memo
-    # Once: the same reading again is a cap (a backend restarted with a lower max_num_seqs).
-    again = vllm_law(Signals(width=469, in_flight=469, waiting=1000, gauges=gauges(440, 29, 29, kv=0.6)), WIDE,
-                     VLLM, memo)
-    assert again.width == 440 and memo["cap"] == 440
-    # A noisy gauge cannot raise what ran clear above what the lane had in flight.
-    memo = {}
-    vllm_law(Signals(width=100, in_flight=100, waiting=1000, gauges=gauges(110, kv=0.5)), WIDE, VLLM, memo)
-    assert memo["ran"] == 100
-
-
-def test_a_first_cap_is_not_lowered_by_work_waiting_at_or_below_it():
-    # A first cap of 243 read in a growth's backlog; at 243, 224 run and 11 wait. A running limit of
-    # 243 would leave none waiting there: the wait is the step's token budget, which a narrower
-    # width does not relieve. Confirmed at 232, it held two H100s at 232 of 512.
-    memo = {}
-    first = vllm_law(Signals(width=560, in_flight=560, waiting=1000, gauges=gauges(243, 317, 317, kv=0.32)), WIDE,
-                     VLLM, memo)
-    assert first.width == 243 and "to be confirmed" in first.reason
-    held = vllm_law(Signals(width=243, in_flight=243, waiting=1000, gauges=gauges(224, 11, 11, kv=0.29)), WIDE,
-                    VLLM, memo)
-    assert held.width == 243 and held.decision == "hold" and "prefill backlog" in held.reason
-    assert memo["cap"] == 243 and memo["cap_first"]
-    # A confirmed cap is another matter: the reading cuts as before.
-    memo["cap_first"] = False
-    cut = vllm_law(Signals(width=243, in_flight=243, waiting=1000, gauges=gauges(224, 11, 11, kv=0.29)), WIDE,
-                   VLLM, memo)
-    assert cut.width < 243
-
-
 def test_a_probe_that_fails_at_the_cap_is_not_raised_by_requests_in_transit():
     # Cap 512. The probe at 538 reads 512 running and 10 waiting; the lane's count (538 - 10 = 528)
     # holds 16 answers in transit. Taken for a cap of 528, it left 16 waiting in every reading.
-    memo = {"cap": 512, "cap_endpoints": 1, "measured": 512, "failed": 600, "cap_first": False}
+    memo = {"cap": 512, "cap_endpoints": 1, "measured": 512, "failed": 600}
     cut = vllm_law(Signals(width=538, in_flight=538, waiting=1000, width_age_seconds=30.0,
                            gauges=gauges(512, 10, 10, kv=0.72)), WIDE, VLLM, memo)
     assert cut.width == 512 and memo["cap"] == 512
-
-
-def test_a_first_caps_probe_that_no_reading_judged_is_tried_again_after_one_reading():
-    # The confirmation probe above a first cap met a failed scrape: back to the cap, and the next
-    # probe one reading later (a confirmed cap waits its back-off). With 20 % of scrapes failing,
-    # the back-off held two H100s at a first cap of 122 of 512 for the whole run.
-    def probe_unjudged(cap_first):
-        memo = {"cap": 122, "cap_endpoints": 1, "measured": 122, "failed": 304, "cap_first": cap_first, "n": 5}
-        back = vllm_law(Signals(width=129, in_flight=129, waiting=1000, gauges=gauges(0, ok=False)), WIDE, VLLM,
-                        memo)
-        assert back.width == 122
-        return vllm_law(Signals(width=122, in_flight=122, waiting=1000, gauges=gauges(122, kv=0.18)), WIDE, VLLM,
-                        memo)
-
-    assert probe_unjudged(True).width > 122
-    waits = probe_unjudged(False)
-    assert waits.width == 122 and "no probe above it" in waits.reason
 
 
 def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_once():
