@@ -3,6 +3,7 @@
     python bench/bench_control.py            # every scenario (a few seconds each)
     python bench/bench_control.py --smoke    # two short scenarios, to prove it runs
     python bench/bench_control.py --hidden   # every scenario on the hidden-capacity harness
+    python bench/bench_control.py --seeds 6  # the field scenarios over seeds 7..12: mean and worst
 
 Every scenario runs in front of the simulator's engines (``bench/control_engines.py``:
 the step law, where every admitted request slows the others, ``max_num_seqs`` and
@@ -290,8 +291,18 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--before", metavar="REV", help="also run our laws as they were at git revision REV")
     parser.add_argument("--hidden", action="store_true",
                         help="every scenario on the hidden-capacity harness, none in front of the engines")
+    parser.add_argument("--seeds", type=int, metavar="N",
+                        help="only the field scenarios, each law over seeds 7..7+N-1: mean and worst")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    if args.seeds is not None:
+        if args.seeds < 1:
+            parser.error(f"--seeds {args.seeds}: give 1 or more runs a scenario")
+        from control_seeds import print_spread
+
+        print_spread(args.seeds, args.smoke)
+        print(f"({time.monotonic() - started:.0f} s)")
+        return 0
     print(f"{'scenario':40} {'law':20} {'settle':>7} {'range':>14} {'changes':>7} {'cuts':>5} {'recover':>7} "
           f"{'over':>6} {'idle':>6} {'over req':>8}")
     chosen = field_scenarios(args.smoke) if args.field else scenarios(args.smoke) + field_scenarios(args.smoke)
@@ -319,6 +330,10 @@ def main(argv: list[str]) -> int:
                   + (f"  itl p95 {run.itl_p95 * 1000:.0f} ms" if run.itl_p95 is not None else ""), flush=True)
     physical_table({**GAUGE_LAWS, "ours (utilisation)": ours("utilisation")}, args.smoke)
     physical_field_table(GAUGE_LAWS, args.smoke)
+    if args.smoke:
+        from control_seeds import print_spread
+
+        print_spread(2, smoke=True)  # the seed table's smoke (its full run is --seeds N alone)
     print(f"({time.monotonic() - started:.0f} s)")
     return 0
 

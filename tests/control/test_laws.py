@@ -251,6 +251,27 @@ def test_a_probe_that_fails_at_the_cap_is_not_raised_by_requests_in_transit():
     assert cut.width == 512 and memo["cap"] == 512
 
 
+def test_a_running_gauge_read_high_is_not_taken_for_a_higher_cap_once_the_lane_holds_its_width():
+    # Capacity 100, gauges with 10 % noise. At a width of 106, all in flight, 4 wait in vLLM and
+    # the gauge reads 112 running: at most 102 can run. Read as 112 ("at or above the width"),
+    # the pool stayed at 106 with work waiting in every reading.
+    def reading(memo, running, waiting, in_flight_before=106):
+        vllm_law(Signals(width=106, in_flight=in_flight_before, waiting=50, gauges=None, width_age_seconds=25.0),
+                 WIDE, VLLM, memo)
+        return vllm_law(Signals(width=106, in_flight=106, waiting=50, width_age_seconds=30.0,
+                                gauges=gauges(running, waiting, waiting, kv=0.44)), WIDE, VLLM, memo)
+
+    memo = {}
+    assert reading(memo, 112, 4).width == 102 and memo["cap"] == 102
+    # So with the cap known: a gauge that happens to read it (106) is no more exact than another.
+    memo = {"cap": 106, "cap_endpoints": 1}
+    assert reading(memo, 106, 3).width == 103
+    # While the lane drains a cut (more in flight than the width a decision ago), the gauge read
+    # seconds before still saw the wider batch run: it stands.
+    memo = {}
+    assert reading(memo, 112, 4, in_flight_before=180).decision == "hold"
+
+
 def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_once():
     # The KV room said 104; max_num_seqs is 100: 100 run and 2 wait. No prefill backlog leaves
     # 2 of the 64 a growth added: the cap stands for its back-off, no confirmation probe (which
