@@ -601,6 +601,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     probing.failed(memo, s.width, target, params, probed=probed)
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
+        memo.pop("cap_raised", None)
         memo["lane_call"] = call
         if _began_at_change(s):
             # The interval began at the growth: calls begun at the old width and the new ones'
@@ -711,8 +712,11 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         given_up = failed_scrape(s, bounds, params, memo.get("measured"))
         if given_up.decision == "cut" and memo.get("cap") is not None and width > memo["cap"]:
             # A probe above the running cap that no reading could judge cost what a failed one
-            # costs: the next waits the cap's back-off again, not for the next reading.
-            _cap_back_off(memo, params, probed=False)
+            # costs: the next waits the cap's back-off again, not for the next reading. A first
+            # cap's probe was its confirmation: it is tried again after one reading (a start
+            # burst's backlog read as a cap of 18 for 100 held the pool there for 380 s once that
+            # probe met a failed scrape; F2 / F3 over twelve seeds: idle 19 / 22 -> 7 / 13 %).
+            _cap_measured(memo, params, confirmed=not memo.get("cap_first"), probed=False)
         return given_up
     partial = "" if g.complete else f" ({g.fresh} of {g.endpoints} endpoints fresh; {g.held:g} held for the rest)"
     if saturated:
@@ -735,16 +739,18 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                 # another width (698 in flight less 171 waiting 6 s before read 527 for 512).
                 if not at_known:
                     running = max(running, _lane_count(s.in_flight - queued, running))
-                if (running - (s.in_flight - queued) > _in_transit(running)
-                        and in_flight_before is not None and in_flight_before <= width):
+                lane = s.in_flight - queued
+                if running - lane > _in_transit(running) and s.in_flight == width == in_flight_before:
                     # Nor one read high: what runs is at most what the lane keeps in flight less
-                    # what waits, once the lane held no more than the width (not while it drains
-                    # a cut: 512 ran 6 s before, 290 are in flight now). A noisy gauge's 106 to
-                    # 112 at a width of 106 held the pool over a cap of 100, and every request
-                    # waited (F11, 10 % noise, over six seeds: 26.4 -> 10.3 % of requests).
-                    running = max(1, int(s.in_flight - queued))
+                    # what waits, when the lane held exactly its width since the decision before
+                    # (not while it drains a cut: 512 ran 6 s before, 290 are in flight now; nor
+                    # under a load below the width: a burst of 100 was read, 83 are in flight now).
+                    # A noisy gauge's 106 to 112 at a width of 106 held the pool over a cap of 100,
+                    # and every request waited (F11, 10 % noise, over six seeds: 26.4 -> 10.3 %).
+                    running = max(1, int(lane))
             confirmed = _cap_agrees(memo, running, g.endpoints, params) or _just_over(queued, running)
-            memo["cap"], memo["cap_endpoints"] = running, g.endpoints
+            memo["cap"], memo["cap_endpoints"], memo["cap_first"] = running, g.endpoints, not confirmed
+            memo.pop("cap_raised", None)
             memo.pop("cap_lane", None)
         # Work waiting while the cache has room: the running count is the cap, however old the
         # reading (the backend was full then), so the cut goes all the way to it at once.
@@ -791,6 +797,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # waited, settled in 10 decisions, not 12).
             memo["cap"] = memo["measured"] = int(g.running + g.held)
             memo["cap_quiet_until"] = memo.get("n", 0)
+            memo["cap_raised"] = memo.get("cap_raised", 0) + 1
             probing.held(memo)
             whose = "the lane's" if memo.get("cap_lane") else "the"
             return _hold(width, f"probe at {width} ran {g.running + g.held:g}: {whose} running cap is raised")
@@ -813,7 +820,13 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                                     f"running cap {cap}")
             if not fresh:
                 return _hold(width, stale)
-            target = bounds.clamp(width + probing.step(width, params["probe_fraction"]))
+            # Each probe that raised the cap doubles the next one's step (up to x16): a low
+            # estimate is left in a few readings, not at 5 % a probe (a lane's cap of 37 read in
+            # a growth's first interval took 250 s to reach 57 of 100; F2-F4 over twelve seeds:
+            # idle 7 / 13 / 13 -> 5 / 8 / 10 %, requests that waited 4.7 / 4.3 / 4.9 -> 5.0 / 5.1 /
+            # 5.4 %; physical P2 / P3 5,699 / 5,881 -> 6,421 / 6,507 tokens/s).
+            streak = memo.get("cap_raised", 0)
+            target = bounds.clamp(width + probing.step(width, params["probe_fraction"] * 2 ** min(streak, 4)))
             return _growth(width, target, bounds, g, f"probe above the running cap {cap}")
     if not fresh:
         return _hold(width, stale)

@@ -272,6 +272,46 @@ def test_a_running_gauge_read_high_is_not_taken_for_a_higher_cap_once_the_lane_h
     assert reading(memo, 112, 4, in_flight_before=180).decision == "hold"
 
 
+def test_a_first_caps_probe_that_no_reading_judged_is_tried_again_after_one_reading():
+    # The confirmation probe above a first cap met a failed scrape: back to the cap, and the next
+    # probe one reading later (a confirmed cap waits its back-off). A start burst's backlog read
+    # as a cap of 18 for 100 held the pool at 18 for 380 s that way (F2, 10 % of scrapes failing).
+    def probe_unjudged(cap_first):
+        memo = {"cap": 18, "cap_endpoints": 1, "measured": 18, "failed": 100, "cap_first": cap_first, "n": 5}
+        back = vllm_law(Signals(width=19, in_flight=19, waiting=1000, gauges=gauges(0, ok=False)), WIDE, VLLM, memo)
+        assert back.width == 18
+        return vllm_law(Signals(width=18, in_flight=18, waiting=1000, gauges=gauges(18, kv=0.08)), WIDE, VLLM, memo)
+
+    assert probe_unjudged(True).width > 18
+    waits = probe_unjudged(False)
+    assert waits.width == 18 and "no probe above it" in waits.reason
+    # A cap read from a burst is a first one until a second reading agrees.
+    memo = {}
+    vllm_law(Signals(width=100, in_flight=100, waiting=1000, gauges=gauges(18, 82, 82, kv=0.08)), WIDE, VLLM, memo)
+    assert memo["cap"] == 18 and memo["cap_first"]
+
+
+def test_each_probe_that_raises_a_low_cap_doubles_the_next_step():
+    # A lane's cap of 40, read in a growth's first interval, for a backend that runs 100: each
+    # probe that runs raises it, and the next probe steps twice as far (5 %, 10 %, 20 %...), so
+    # a low estimate is left in a few readings, not at 5 % a probe.
+    memo = {"cap": 40, "cap_endpoints": 1, "cap_lane": True, "measured": 40, "failed": 144, "n": 3}
+    widths = [42]
+    for _ in range(4):
+        width = widths[-1]
+        ran = vllm_law(Signals(width=width, in_flight=width, waiting=1000, gauges=gauges(width, kv=0.2)), WIDE,
+                       VLLM, memo)
+        assert ran.width == width and "running cap is raised" in ran.reason
+        probe = vllm_law(Signals(width=width, in_flight=width, waiting=1000, gauges=gauges(width, kv=0.2)), WIDE,
+                         VLLM, memo)
+        assert "probe above the running cap" in probe.reason
+        widths.append(probe.width)
+    assert widths == [42, 47, 57, 80, 144]
+    # A probe that fails measures the cap again, and the steps start over at 5 %.
+    vllm_law(Signals(width=144, in_flight=144, waiting=1000, gauges=gauges(100, 44, 44, kv=0.5)), WIDE, VLLM, memo)
+    assert memo["cap"] == 100 and "cap_raised" not in memo
+
+
 def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_once():
     # The KV room said 104; max_num_seqs is 100: 100 run and 2 wait. No prefill backlog leaves
     # 2 of the 64 a growth added: the cap stands for its back-off, no confirmation probe (which
@@ -511,7 +551,8 @@ def test_a_probe_above_the_lanes_cap_that_runs_more_raises_it_and_the_next_probe
             "cap_lane": True, "measured": 95, "failed": 160, "n": 40, "cap_quiet_until": 30, "cap_backoff": 24}
     raised = vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=30.0), WIDE, VLLM, memo)
     assert raised.decision == "hold" and memo["cap"] == 100  # no jump into the room (196)
-    assert vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=30.0), WIDE, VLLM, memo).width == 105
+    # The next probe follows at once, twice the step of the one that raised it (+10 %).
+    assert vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=30.0), WIDE, VLLM, memo).width == 110
 
 
 def test_a_drop_below_what_a_reading_showed_is_cut_by_the_lanes_answers_without_a_cap():
