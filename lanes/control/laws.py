@@ -406,8 +406,7 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "cap_first", "cap_raised",
-                        "measured", "failed"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
                 memo.pop(key, None)
 
 
@@ -602,8 +601,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     probing.failed(memo, s.width, target, params, probed=probed)
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
-        for key in ("cap_raised", "cap_first"):  # the gauges' first cap, if any, is replaced
-            memo.pop(key, None)
+        memo.pop("cap_raised", None)
         memo["lane_call"] = call
         if _began_at_change(s):
             # The interval began at the growth: calls begun at the old width and the new ones'
@@ -739,9 +737,9 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             if probing.evidence_after_change(s.width_age_seconds, g.age_seconds, params["gauge_lag_seconds"]):
                 # Only at the width the reading saw: right after a change the count is of
                 # another width (698 in flight less 171 waiting 6 s before read 527 for 512).
-                lane = s.in_flight - queued
                 if not at_known:
-                    running = max(running, _lane_count(lane, running))
+                    running = max(running, _lane_count(s.in_flight - queued, running))
+                lane = s.in_flight - queued
                 if running - lane > _in_transit(running) and s.in_flight == width == in_flight_before:
                     # Nor one read high: what runs is at most what the lane keeps in flight less
                     # what waits, when the lane held exactly its width since the decision before
@@ -808,8 +806,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # show that): the backend was reconfigured, or a first cap was a burst's prefill
             # backlog. Growth goes by the KV room again. (Raising a first cap to what ran, a
             # probe at a time, kept a backend grown from 6 to 12 below 11 for 40 s live.)
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane",
-                        "cap_first", "cap_raised"):
+            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
                 memo.pop(key, None)
             probing.held(memo)
             cap = measured = None
