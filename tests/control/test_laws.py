@@ -327,6 +327,34 @@ def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_on
     assert "to be confirmed" in cut.reason
 
 
+def test_a_first_cap_that_a_growth_ran_none_of_stands_at_once():
+    # Capacity 100 (max_num_seqs), the cache at 47 % with a full batch: a reading sees all 100
+    # running, nothing waiting, and the width grows into the KV room (208). The next reading
+    # sees the same 100 running and 107 waiting: the growth ran none of what it added, so 100
+    # is the cap, not a prefill backlog. Its confirmation probe (105) made every request
+    # admitted for two decisions wait behind the 5 it queued.
+    memo = {}
+    grew = vllm_law(Signals(width=100, in_flight=100, waiting=500, gauges=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert grew.width == 208
+    cut = vllm_law(Signals(width=208, in_flight=208, waiting=500, width_age_seconds=10.0,
+                           gauges=gauges(100, 107, 107, kv=0.46)), WIDE, VLLM, memo)
+    assert cut.width == 100 and "to be confirmed" not in cut.reason
+    held = vllm_law(Signals(width=100, in_flight=100, waiting=500, gauges=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert held.width == 100 and "no probe above it" in held.reason
+    # A growth that ran some of it (100 -> 120 running) may be a backlog the next steps clear.
+    memo = {}
+    vllm_law(Signals(width=100, in_flight=100, waiting=500, gauges=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    cut = vllm_law(Signals(width=209, in_flight=209, waiting=500, width_age_seconds=10.0,
+                           gauges=gauges(120, 88, 88, kv=0.55)), WIDE, VLLM, memo)
+    assert cut.width == 120 and "to be confirmed" in cut.reason
+    # So may one after a reading that did not see the whole width running.
+    memo = {}
+    vllm_law(Signals(width=100, in_flight=100, waiting=500, gauges=gauges(85, kv=0.40)), WIDE, VLLM, memo)
+    cut = vllm_law(Signals(width=212, in_flight=212, waiting=500, width_age_seconds=10.0,
+                           gauges=gauges(85, 127, 127, kv=0.40)), WIDE, VLLM, memo)
+    assert "to be confirmed" in cut.reason
+
+
 def test_a_first_cap_read_behind_one_address_is_raised_by_a_probe_that_ran_not_forgotten():
     # One address in front of two replicas: each reading is one replica's, x2. A first cap of 88;
     # the probe at 93 "ran 94" (47 x 2), which says the probe held, not that the cap was far off.
