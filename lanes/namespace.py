@@ -65,6 +65,13 @@ class Namespace:
     def revoked(self, task_id: str) -> str:
         return f"{self.prefix}:revoked:{task_id}"
 
+    @property
+    def revokes(self) -> str:
+        """The stream of task ids revoked through Lanes, newest last: every
+        worker reads it, so a revoke whose broadcast a worker missed still
+        ends that worker's lane wait (workers/cancel.py)."""
+        return f"{self.prefix}:revokes"
+
     def task_run(self, task_id: str) -> str:
         return f"{self.prefix}:run:{task_id}"
 

@@ -25,13 +25,14 @@ from lanes.errors import (
     DeadlineExpired,
     RedisUnavailable,
 )
+from lanes.namespace import Namespace
 from lanes.redis_conn import resolve_redis_url, shared_pool_size
 from lanes.routing.request import RouteRequest
 from lanes.routing.runtime import Runtime
 from lanes.routing.walker import RequeueRequested, Walker
 from lanes.settings import Settings, load_settings, result_url_of
 from workers.background import BackgroundConsumer, BackgroundQueue
-from workers.cancel import CancelRegistry, stop_with_the_worker
+from workers.cancel import CancelRegistry, RevokeFeed, stop_with_the_worker
 from workers.green_events import GreenEventBatches
 from workers.handback import StopTaking, hand_back_at_front
 from workers.in_flower import LaneEventSender, LanesInfo
@@ -89,6 +90,8 @@ class WorkerContext:
             if self._runs is None:
                 self._runs = RunLeases(runtime.client, prefix=self.settings.key_prefix,
                                        ttl_seconds=self.settings.message_lease_seconds)
+                # Before the first claim: a revoke after any claim is in the feed.
+                self.cancels.follow(RevokeFeed(runtime.client, Namespace(self.settings.key_prefix).revokes))
                 self._runs_renewing = self._runs.start_renewing(self.settings.message_lease_seconds / 3)
             return self._runs
 

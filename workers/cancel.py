@@ -1,18 +1,39 @@
 """Cancelling lane waits when a task is revoked or the worker shuts down.
 
-Each running task registers an event that its lane wait watches. A revoke
-only marks the id in the worker's in-memory ``revoked`` set (the threads
-pool cannot terminate a thread), so one watcher thread per worker checks the
-registered ids against that set; a warm shutdown cancels every wait at once.
+Each running task registers an event that its lane wait watches. A revoke's
+broadcast only marks the id in the worker's in-memory ``revoked`` set (the
+threads pool cannot terminate a thread), so one watcher thread per worker
+checks the registered ids against that set; a warm shutdown cancels every
+wait at once.
+
+A broadcast reaches only the workers subscribed when it is sent: one whose
+broadcast connection is starting or reconnecting misses it, and a task it
+holds in a lane wait would run when granted. So the watcher also reads the
+revokes stream (:class:`RevokeFeed`, one command about once a second, only
+while tasks are registered), where every revoke through Lanes is appended.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 from dataclasses import dataclass, field
 
+import redis
 from celery import signals
 from celery.worker import state as worker_state
+
+from lanes.lane.base import text
+
+log = logging.getLogger("lanes.worker")
+
+# The stream is read on every this many turns of the watcher (0.2 s each).
+FEED_EVERY_TURNS = 5
+# The feed starts this long before it is made: a revoke appended just before
+# is read again, which is harmless (the claim's mark check already caught it).
+FEED_START_MARGIN_MS = 1_000
+FEED_BATCH = 1_000
 
 
 @dataclass
@@ -26,6 +47,38 @@ class Cancellation:
         self.event.set()
 
 
+class RevokeFeed:
+    """The task ids appended to the revokes stream since the feed was made.
+
+    Made before the first claim of the process (``WorkerContext.runs``), so
+    a revoke that comes after a claim, and so after the claim's mark check,
+    is always in what the feed reads. It starts at the Redis server's clock,
+    which the stream's ids are made from, so no host's clock matters."""
+
+    def __init__(self, client: redis.Redis, key: str) -> None:
+        self._client = client
+        self._key = key
+        try:
+            seconds, micros = client.time()
+            now_ms = int(seconds) * 1000 + int(micros) // 1000
+        except (redis.RedisError, TypeError, ValueError):  # Redis away: the worker's clock, with room for a skew
+            now_ms = int(time.time() * 1000) - 60_000
+        self._last = f"{now_ms - FEED_START_MARGIN_MS}-0"
+
+    def read(self) -> set[str]:
+        found: set[str] = set()
+        while True:
+            reply = self._client.xread({self._key: self._last}, count=FEED_BATCH)
+            entries = reply[0][1] if reply else []
+            for entry_id, fields in entries:
+                self._last = text(entry_id)
+                task_id = fields.get(b"task", fields.get("task"))
+                if task_id is not None:
+                    found.add(text(task_id))
+            if len(entries) < FEED_BATCH:
+                return found
+
+
 class CancelRegistry:
     def __init__(self, *, watch_interval: float = 0.2) -> None:
         self._items: dict[str, Cancellation] = {}
@@ -33,6 +86,11 @@ class CancelRegistry:
         self._interval = watch_interval
         self._shutting_down = False
         self._watcher: threading.Thread | None = None
+        self._feed: RevokeFeed | None = None
+
+    def follow(self, feed: RevokeFeed) -> None:
+        """Cancel the waits of the tasks ``feed`` reports revoked, too."""
+        self._feed = feed
 
     def register(self, task_id: str) -> Cancellation:
         item = Cancellation()
@@ -60,12 +118,21 @@ class CancelRegistry:
                 item.cancel(reason)
 
     def _watch(self) -> None:
-        # Reads an in-memory set only: no Redis traffic while tasks wait.
+        # The in-memory set every turn; the stream every FEED_EVERY_TURNS
+        # turns, and only while tasks wait (an idle worker sends nothing).
+        turn = 0
         while True:
             with self._lock:
                 items = list(self._items.items())
+            streamed: set[str] = set()
+            turn += 1
+            if items and self._feed is not None and turn % FEED_EVERY_TURNS == 0:
+                try:
+                    streamed = self._feed.read()
+                except redis.RedisError as exc:  # Redis away: the next read catches up
+                    log.debug("revokes stream not read: %s", exc)
             for task_id, item in items:
-                if task_id in worker_state.revoked:
+                if task_id in worker_state.revoked or task_id in streamed:
                     item.cancel("revoked")
             threading.Event().wait(self._interval)
 

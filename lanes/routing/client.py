@@ -37,8 +37,12 @@ from lanes.routing.idempotency import IdempotencyKey, check_key, request_fingerp
 from lanes.routing.request import RouteRequest, check_payload, parse_deadline
 from lanes.routing.trace import TraceStore
 from lanes.routing.view import CatalogView
-from lanes.namespace import Namespace
 from lanes.settings import Settings, broker_url_of, load_settings, mask_url, result_url_of
+
+# The revokes stream keeps about this many of the newest revokes: a worker
+# reads it every second, so only a burst larger than this within one second
+# could pass a worker that also missed the broadcasts.
+REVOKES_KEPT = 10_000
 
 
 class LanesClient:
@@ -262,10 +266,14 @@ class LanesClient:
         (``workers/cancel.py``), leaving nothing queued or held. A backend call
         already under way runs to its end: the threads pool cannot stop it.
 
-        The broadcast reaches the workers running now; the revoke mark, kept
+        The broadcast reaches the workers listening now; the revoke mark, kept
         as long as results are, reaches every later delivery of the task (a
         worker started after the revoke, a message handed back by a restart):
         each checks it before it walks (``workers/scripts/run_claim.lua``).
+        A broadcast is lost on a worker that is not subscribed at that
+        moment (its broadcast connection starting or reconnecting), so the
+        revoke is also appended to the revokes stream, which every worker
+        reads about once a second while it has tasks under way.
         """
         _check_task_id(task_id)
         if not self._known(task_id):
@@ -273,9 +281,14 @@ class LanesClient:
                 f"unknown task {task_id!r}: no task with this id was submitted in the last "
                 f"{self.settings.result_ttl_seconds}s (results are kept that long); nothing was revoked"
             )
+        names = Namespace(self.settings.key_prefix)
+        ttl = self.settings.result_ttl_seconds
         try:
-            self.redis.set(Namespace(self.settings.key_prefix).revoked(task_id), 1,
-                           ex=self.settings.result_ttl_seconds)
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(names.revoked(task_id), 1, ex=ttl)
+                pipe.xadd(names.revokes, {"task": task_id}, maxlen=REVOKES_KEPT, approximate=True)
+                pipe.expire(names.revokes, ttl)
+                pipe.execute()
             self.celery.control.revoke(task_id)
         except Exception as exc:
             detail = _first_line(exc)

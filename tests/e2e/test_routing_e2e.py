@@ -316,6 +316,24 @@ def test_a_revoke_cancels_a_lane_wait_and_leaks_nothing(dep):
     assert lane.stats().in_flight == 0
 
 
+def test_a_revoke_whose_broadcast_is_lost_still_cancels_the_lane_wait(dep, monkeypatch):
+    # The fault: the worker is not listening when the broadcast goes out (its
+    # broadcast connection starting or reconnecting). The revokes stream reaches it.
+    lane = dep.lane("gpu-d")
+    hold = lane.acquire(Priority.INTERACTIVE, timeout=5)
+    try:
+        result = dep.client.submit("last_waits", CHAT, deadline=60)
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 1, timeout=20.0, interval=0.05)
+        monkeypatch.setattr(dep.client.celery.control, "revoke", lambda *a, **k: None)
+        dep.client.revoke(result.id)
+        eventually(lambda: dep.client.result(result.id)["state"] == "REVOKED", timeout=20.0, interval=0.05)
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 0, timeout=20.0, interval=0.05)
+    finally:
+        hold.release()
+    assert lane.stats().in_flight == 0
+    assert [c for c in dep.sim.calls() if c["task_id"] == result.id] == []
+
+
 @pytest.mark.slow
 def test_sigterm_hands_a_waiting_task_back_and_a_new_worker_finishes_it(dep):
     lane = dep.lane("gpu-t")

@@ -1,6 +1,8 @@
 """Wait cancellation: the worker's own parts (fleet sizing: tests/workers/test_fleet_plan.py)."""
 
-from workers.cancel import CancelRegistry
+from lanes.namespace import Namespace
+from lanes.routing.client import REVOKES_KEPT
+from workers.cancel import CancelRegistry, RevokeFeed
 
 
 def test_a_revoked_task_id_cancels_its_wait(monkeypatch):
@@ -25,3 +27,31 @@ def test_shutdown_cancels_every_wait_and_any_that_starts_after():
     assert first.event.is_set() and first.reason == "shutdown"
     late = registry.register("b")
     assert late.event.is_set() and late.reason == "shutdown"
+
+
+def test_a_revoke_in_the_stream_cancels_its_wait_without_a_broadcast(redis_client):
+    # The worker's in-memory set never hears of "t-3" (its broadcast was lost):
+    # the revokes stream, written as LanesClient.revoke writes it, is enough.
+    key = Namespace("feed-test").revokes
+    redis_client.delete(key)
+    redis_client.xadd(key, {"task": "t-0"})  # revoked before the feed began, and long done with
+    registry = CancelRegistry(watch_interval=0.01)
+    registry.follow(RevokeFeed(redis_client, key))
+    waiting = registry.register("t-3")
+    other = registry.register("t-4")
+    redis_client.xadd(key, {"task": "t-3"}, maxlen=REVOKES_KEPT, approximate=True)
+    assert waiting.event.wait(5)
+    assert waiting.reason == "revoked"
+    assert not other.event.is_set()
+
+
+def test_the_feed_reads_every_revoke_of_a_burst_larger_than_one_read(redis_client):
+    key = Namespace("feed-test").revokes
+    redis_client.delete(key)
+    feed = RevokeFeed(redis_client, key)
+    with redis_client.pipeline(transaction=False) as pipe:
+        for n in range(2_500):
+            pipe.xadd(key, {"task": f"burst-{n}"})
+        pipe.execute()
+    assert feed.read() == {f"burst-{n}" for n in range(2_500)}
+    assert feed.read() == set()  # each revoke is read once
