@@ -351,6 +351,7 @@ LANE_TRANSIT_SHARE = 0.02
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
+ANSWERS_KEPT = 8  # intervals of the lane's answers kept: 40 s at the default 5-s decision
 # A yardstick taken after a cut by the lane's evidence that is this much longer than the one the
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
 # tell from waiting; from then on only the readings judge a growth.
@@ -373,6 +374,25 @@ def _lane_count(lane: float, running: int) -> int:
     of scrapes failing: 6.7 % of requests waited, 5.6 % without it)."""
     lane = int(lane)
     return lane if lane - running > _in_transit(running) else running
+
+
+def _answers_over(memo: dict, s: Signals, call: float) -> tuple[int, float]:
+    """The lane's answers and their seconds over the trailing intervals at this width, back
+    until they span one call (or the width changed, or the kept intervals end).
+
+    Requests admitted together end together, about one call later: on the physical engines
+    (calls of 12.8 s, a decision every 5 s) the 186 admitted by a growth from 266 to 452
+    answered in one interval and left the next with 104 answers, which "showed" 267 run of 452
+    and sent the pool back to 266 (twice in a run, and once from 452 to 92). Over a call's span
+    every request in flight answers about once, whenever it was admitted."""
+    done, seconds = 0, 0.0
+    for width, completions, window in reversed(memo.get("answers") or [[s.width, s.completions, s.window_seconds]]):
+        if width != s.width:
+            break
+        done, seconds = done + completions, seconds + window
+        if seconds >= call:
+            break
+    return done, seconds
 
 
 def _mean_call(s: Signals) -> float | None:
@@ -579,7 +599,8 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # held. Calls that took longer than the yardstick were slower, not waiting (a decode
         # step slows as the batch grows, and prefills of the newly admitted share its steps).
         return None
-    ran = s.completions / s.window_seconds * call
+    done, seconds = _answers_over(memo, s, call)
+    ran = done / seconds * call
     if _yardstick_outgrown(s, ran, memo):
         return None
     if again:
@@ -587,7 +608,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         margin = _rejudged(s, mean, call, params)
     else:
         # The interval's count of answers varies by about its square root: fewer answers, a wider margin.
-        margin = max(1.0, s.in_flight * max(LANE_MARGIN, 3 / math.sqrt(s.completions)))
+        margin = max(1.0, s.in_flight * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
     if margin is None or s.in_flight - ran <= margin:
         return None
     if not again and not memo.get("was_full"):
@@ -705,6 +726,10 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     by default) are rarer than decisions."""
     width, g = s.width, s.gauges
     memo["decisions"] = memo.get("decisions", 0) + 1  # every decision (``n`` counts readings)
+    if s.window_seconds:  # the lane's answers of the last intervals, this one last: _answers_over
+        answers = memo.setdefault("answers", [])
+        answers.append([width, s.completions, s.window_seconds])
+        del answers[:-ANSWERS_KEPT]
     memo["was_full"], memo["full"] = memo.get("full", False), s.in_flight >= width
     in_flight_before, memo["in_flight"] = memo.get("in_flight"), s.in_flight
     if g is not None:

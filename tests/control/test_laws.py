@@ -390,6 +390,20 @@ def test_a_reading_that_saw_far_more_run_than_the_yardstick_allows_drops_it_and_
     assert cut is not None and cut.width == 80 and memo["call_s"] == 1.5
 
 
+def test_the_lanes_answers_are_counted_over_a_calls_span_so_a_cohort_between_answers_cuts_nothing():
+    # Calls of 12.8 s, a decision every 5 s. The 186 admitted by a growth to 452 answered
+    # together in the interval before; this one has 104 answers, which alone "show" 266 run of
+    # 452. Over the trailing 15 s at 452 (a call's span) the lane's answers show all 452 ran.
+    memo = {"proven": 452, "endpoints": 2, "call_s": 12.8, "call_at": 0, "decisions": 9, "was_full": True,
+            "answers": [[266, 104, 5.0], [452, 176, 5.0], [452, 250, 5.0], [452, 104, 5.0]]}
+    s = answers(452, 104, call=12.8, age=15.0)
+    assert _lane_evidence(s, WIDE, VLLM, memo) is None
+    # Few answers all through the span: the backend did run fewer (324 of 452); cut to that.
+    memo = {**memo, "answers": [[452, 176, 5.0], [452, 100, 5.0], [452, 104, 5.0]]}
+    cut = _lane_evidence(s, WIDE, VLLM, memo)
+    assert cut is not None and cut.width == 324 and "324 run at once" in cut.reason
+
+
 def test_a_growth_back_to_a_running_cap_the_gauges_measured_is_left_to_the_readings():
     # After a long-context burst (63 ran, calls of 2.44 s at that batch) the width went back to
     # the running cap of 100 the gauges measured before it. At 100 the calls take about 3 s:
