@@ -274,6 +274,26 @@ def test_a_running_gauge_read_high_is_not_taken_for_a_higher_cap_once_the_lane_h
     assert reading(memo, 112, 4, in_flight_before=180).decision == "hold"
 
 
+def test_a_cut_to_the_running_cap_that_queues_again_goes_below_the_lanes_count():
+    # Capacity 100, gauges with 10 % noise. At 109 the reading shows 94 running and 6 waiting
+    # (9 wait): the lane's count, 103, is the cap. At 103 the next reading shows 1 waiting (3 do):
+    # the count the cut came by was high. Cut at the lane's count again (102), the pool came down
+    # a request a reading while every request admitted waited in vLLM.
+    def reading(memo, width, running, waiting):
+        vllm_law(Signals(width=width, in_flight=width, waiting=50, gauges=None, width_age_seconds=25.0),
+                 WIDE, VLLM, memo)
+        return vllm_law(Signals(width=width, in_flight=width, waiting=50, width_age_seconds=30.0,
+                                gauges=gauges(running, waiting, waiting, kv=0.46)), WIDE, VLLM, memo)
+
+    memo = {}
+    assert reading(memo, 109, 94, 6).width == 103
+    again = reading(memo, 103, 95, 1)
+    assert again.width == 99 and memo["cap"] == 99  # 102 less the 2.04 in transit
+    # Work waiting at a width no cut to the running cap came to is the lane's count, as before.
+    memo = {}
+    assert reading(memo, 103, 95, 1).width == 102
+
+
 def test_a_first_caps_probe_that_no_reading_judged_is_tried_again_after_one_reading():
     # The confirmation probe above a first cap met a failed scrape: back to the cap, and the next
     # probe one reading later (a confirmed cap waits its back-off). A start burst's backlog read
