@@ -366,6 +366,12 @@ def _in_transit(running: float) -> float:
     return max(LANE_TRANSIT, running * LANE_TRANSIT_SHARE)
 
 
+def _below_transit(lane: float) -> int:
+    """The lane's count of what runs less the requests that may be in transit: the count is high
+    by them (answers it has not counted yet, calls vLLM has not queued yet)."""
+    return max(1, int(lane - _in_transit(lane)))
+
+
 def _lane_count(lane: float, running: int) -> int:
     """The lane's count of what ran (in flight less what waits in vLLM) where it says more than
     the running gauge by more than the requests in transit (an answer the lane has not counted
@@ -790,14 +796,14 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                     # of 101 or 102 for 100 stood after a noisy reading, and the lane came down a
                     # request a reading while everything it admitted waited (F11 over twelve
                     # seeds: 10.4 -> 8.8 % of requests waited).
-                    running = max(1, int(lane - _in_transit(lane)))
+                    running = _below_transit(lane)
                 elif memo.get("capped_at") == width and s.in_flight == width == in_flight_before:
                     # The cut before came to this width as the running cap, and work waits again:
                     # that count was high (a noisy gauge read the queue low: 109 less 6 read 103
                     # for 100, and the readings after took 103 -> 102 -> 101 while every request
                     # admitted waited). Below the lane's count by the requests in transit, at
                     # most (F11 over twelve seeds: 8.8 -> 6.8 % of requests waited).
-                    running = min(running, max(1, int(lane - _in_transit(lane))))
+                    running = min(running, _below_transit(lane))
             # The cap stands at once, with no probe to confirm it, when it agrees with the last,
             # leaves no more waiting than a width just over it, or comes of a growth that ran none
             # of what it added (100 running before and after a growth to 208, 107 waiting): that

@@ -254,9 +254,10 @@ def test_a_probe_that_fails_at_the_cap_is_not_raised_by_requests_in_transit():
 def test_a_running_gauge_read_high_is_not_taken_for_a_higher_cap_once_the_lane_holds_its_width():
     # Capacity 100, gauges with 10 % noise. At a width of 106, all in flight, 6 wait in vLLM, the
     # gauge reads 4 waiting and 112 running: by the lane's count at most 102 can run, and that
-    # count is high by the requests in transit (2 %: 2.04, and a request is whole). Read as 112 ("at or above the width"), the
-    # pool stayed at 106 with work waiting in every reading; read as 102, a cap of 102 stood and
-    # every request admitted waited until the readings brought it down one at a time.
+    # count is high by the requests in transit (2 %: 2.04, and a request is whole). Read as 112
+    # ("at or above the width"), the pool stayed at 106 with work waiting in every reading; read
+    # as 102, a cap of 102 stood and every request admitted waited until the readings brought it
+    # down one at a time.
     def reading(memo, running, waiting, in_flight_before=106):
         vllm_law(Signals(width=106, in_flight=in_flight_before, waiting=50, gauges=None, width_age_seconds=25.0),
                  WIDE, VLLM, memo)
