@@ -2,9 +2,13 @@
 
 Each running task registers an event that its lane wait watches. A revoke's
 broadcast only marks the id in the worker's in-memory ``revoked`` set (the
-threads pool cannot terminate a thread), so one watcher thread per worker
-checks the registered ids against that set; a warm shutdown cancels every
-wait at once.
+threads pool cannot terminate a thread), so the event looks in that set
+whenever it is read: the lane reads it every 50 ms while it waits, and the
+walker once more when a slot is granted, so a slot granted while the revoke
+was on its way goes back unused instead of calling the backend. A watcher
+thread per worker sets the events of revoked tasks too (for whatever blocks
+on the event rather than reading it); a warm shutdown cancels every wait at
+once.
 
 A broadcast reaches only the workers subscribed when it is sent: one whose
 broadcast connection is starting or reconnecting misses it, and a task it
@@ -18,8 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
-
 import redis
 from celery import signals
 from celery.worker import state as worker_state
@@ -36,15 +38,36 @@ FEED_START_MARGIN_MS = 1_000
 FEED_BATCH = 1_000
 
 
-@dataclass
 class Cancellation:
-    event: threading.Event = field(default_factory=threading.Event)
-    reason: str | None = None
+    """One delivery's cancel: the event its walk reads, and why it was set."""
+
+    def __init__(self, task_id: str | None = None) -> None:
+        self.task_id = task_id
+        self.reason: str | None = None
+        self.event = _CancelEvent(self)
 
     def cancel(self, reason: str) -> None:
         if self.reason is None:
             self.reason = reason
         self.event.set()
+
+    def revoked_by_broadcast(self) -> bool:
+        if self.task_id is not None and self.task_id in worker_state.revoked:
+            self.cancel("revoked")
+            return True
+        return False
+
+
+class _CancelEvent(threading.Event):
+    """Set, or its task is in the worker's revoked set (a broadcast heard
+    since the watcher's last turn)."""
+
+    def __init__(self, owner: Cancellation) -> None:
+        super().__init__()
+        self._owner = owner
+
+    def is_set(self) -> bool:
+        return super().is_set() or self._owner.revoked_by_broadcast()
 
 
 class RevokeFeed:
@@ -81,7 +104,9 @@ class RevokeFeed:
 
 class CancelRegistry:
     def __init__(self, *, watch_interval: float = 0.2) -> None:
-        self._items: dict[str, Cancellation] = {}
+        # A task id may have two deliveries in one process (a copy handed
+        # back while the first still ends): each keeps its own cancel.
+        self._items: dict[str, list[Cancellation]] = {}
         self._lock = threading.Lock()
         self._interval = watch_interval
         self._shutting_down = False
@@ -93,48 +118,67 @@ class CancelRegistry:
         self._feed = feed
 
     def register(self, task_id: str) -> Cancellation:
-        item = Cancellation()
+        item = Cancellation(task_id)
         with self._lock:
             if self._shutting_down:
                 item.cancel("shutdown")
-            self._items[task_id] = item
+            self._items.setdefault(task_id, []).append(item)
             if self._watcher is None:
                 self._watcher = threading.Thread(target=self._watch, name="lanes-revoke-watch", daemon=True)
                 self._watcher.start()
         return item
 
     def __len__(self) -> int:
-        """How many tasks are registered now (the worker's in-flight count)."""
-        return len(self._items)
-
-    def unregister(self, task_id: str) -> None:
+        """How many deliveries are registered now (the worker's in-flight count)."""
         with self._lock:
-            self._items.pop(task_id, None)
+            return sum(len(held) for held in self._items.values())
+
+    def unregister(self, task_id: str, item: Cancellation | None = None) -> None:
+        """Forget ``item`` (every delivery of ``task_id`` when None)."""
+        with self._lock:
+            held = self._items.get(task_id, [])
+            if item is None:
+                held.clear()
+            elif item in held:
+                held.remove(item)
+            if not held:
+                self._items.pop(task_id, None)
 
     def cancel_all(self, reason: str) -> None:
         with self._lock:
             self._shutting_down = self._shutting_down or reason == "shutdown"
-            for item in self._items.values():
-                item.cancel(reason)
+            for held in self._items.values():
+                for item in held:
+                    item.cancel(reason)
 
     def _watch(self) -> None:
         # The in-memory set every turn; the stream every FEED_EVERY_TURNS
         # turns, and only while tasks wait (an idle worker sends nothing).
+        # The stream is read before the registered ids are listed, so no
+        # revoke it reports is passed over for a task registered in between:
+        # a task that registers after the read claims after the revoke's
+        # mark was set, and its claim finds the mark.
         turn = 0
         while True:
-            with self._lock:
-                items = list(self._items.items())
-            streamed: set[str] = set()
             turn += 1
-            if items and self._feed is not None and turn % FEED_EVERY_TURNS == 0:
-                try:
-                    streamed = self._feed.read()
-                except redis.RedisError as exc:  # Redis away: the next read catches up
-                    log.debug("revokes stream not read: %s", exc)
-            for task_id, item in items:
-                if task_id in worker_state.revoked or task_id in streamed:
-                    item.cancel("revoked")
+            try:
+                self._turn(read_stream=turn % FEED_EVERY_TURNS == 0)
+            except Exception:  # the watcher must outlive any one turn's fault
+                log.warning("revoke watcher turn failed", exc_info=True)
             threading.Event().wait(self._interval)
+
+    def _turn(self, *, read_stream: bool) -> None:
+        streamed: set[str] = set()
+        if read_stream and self._items and self._feed is not None:
+            try:
+                streamed = self._feed.read()
+            except redis.RedisError as exc:  # Redis away: the next read catches up
+                log.debug("revokes stream not read: %s", exc)
+        with self._lock:
+            items = [(task_id, item) for task_id, held in self._items.items() for item in held]
+        for task_id, item in items:
+            if task_id in worker_state.revoked or task_id in streamed:
+                item.cancel("revoked")
 
 
 def stop_with_the_worker(context) -> None:

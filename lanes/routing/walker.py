@@ -275,6 +275,13 @@ class Walker:
                                 resume)
             if permit is SKIP:
                 return SKIP
+        if cancel is not None and cancel.is_set():
+            # Cancelled (a revoke, a stopping worker) as the slot was granted:
+            # it goes back unused, as a cancelled wait leaves nothing held.
+            self._release(permit, model)
+            self._wait_ended(route, model, request, "cancelled", permit.waited_seconds)
+            raise AcquireCancelled(f"the wait on lane {lane_name(model)!r} was cancelled as its slot was granted; "
+                                   "the slot went back unused")
         # Until the call begins, an urgent waiter that asks for this slot takes
         # it at once: there is nothing to cut, and no need to wait for this
         # thread to come back from the steps below to give it back.

@@ -235,8 +235,14 @@ def test_a_task_revoked_while_queued_stays_revoked_across_a_fleet_restart(launch
     hold = lane.acquire("interactive", timeout=10)
     waiting = [dep.client.submit("w", CHAT) for _ in range(2)]  # both worker threads wait in the lane
     eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 2, timeout=30, what="two waits in the lane")
-    # On the threads pool no thread is free to take it; on gevent the worker holds it in the lane.
+    # On the threads pool no thread is free to take it. On gevent the worker
+    # takes it at once: it waits in the lane when its claim came before the
+    # revoke, and that order is made sure of here, so that the revoke must
+    # cancel a lane wait whose slot comes free right after (the width grows
+    # below, and the two ahead take 50 ms each).
     queued = dep.client.submit("w", CHAT)
+    if dep.settings.fleet_pool == "gevent":
+        eventually(lambda: lane.stats().queued[Priority.INTERACTIVE] == 3, timeout=30, what="the third in the lane")
     dep.client.revoke(queued.id)
 
     wider = json.loads(json.dumps(RENAME_DOC))

@@ -55,3 +55,38 @@ def test_the_feed_reads_every_revoke_of_a_burst_larger_than_one_read(redis_clien
         pipe.execute()
     assert feed.read() == {f"burst-{n}" for n in range(2_500)}
     assert feed.read() == set()  # each revoke is read once
+
+
+def test_a_revoke_heard_by_broadcast_shows_when_the_event_is_read_before_the_watcher_turns():
+    # The lane reads its cancel every 50 ms and the walker once more at a
+    # grant: neither waits for the watcher's next turn (an hour away here).
+    from celery.worker import state
+
+    registry = CancelRegistry(watch_interval=3600)
+    item = registry.register("t-6")
+    other = registry.register("t-7")
+    state.revoked.add("t-6")
+    try:
+        assert item.event.is_set() and item.reason == "revoked"
+        assert not other.event.is_set() and other.reason is None
+    finally:
+        state.revoked.discard("t-6")
+
+
+def test_two_deliveries_of_one_task_each_keep_their_cancel_until_each_ends(redis_client):
+    # A copy handed back while the first delivery still ends: the copy's end
+    # must not take the first delivery's cancel out of the watcher's reach.
+    key = Namespace("feed-test").revokes
+    redis_client.delete(key)
+    registry = CancelRegistry(watch_interval=0.01)
+    registry.follow(RevokeFeed(redis_client, key))
+    first = registry.register("t-8")
+    copy = registry.register("t-8")
+    assert len(registry) == 2
+    registry.unregister("t-8", copy)
+    assert len(registry) == 1
+    redis_client.xadd(key, {"task": "t-8"}, maxlen=REVOKES_KEPT, approximate=True)
+    assert first.event.wait(5) and first.reason == "revoked"
+    assert copy.reason is None
+    registry.unregister("t-8", first)
+    assert len(registry) == 0

@@ -9,7 +9,7 @@ import time
 import pytest
 import redis
 
-from lanes import CapacityWaitTimeout, Priority
+from lanes import AcquireCancelled, CapacityWaitTimeout, Priority
 from lanes.catalog import apply_document, load_routing, open_catalog
 from lanes.routing.request import RouteRequest
 from lanes.routing.runtime import Runtime, provision_lanes
@@ -148,3 +148,26 @@ def test_a_background_slot_asked_back_before_its_call_goes_to_urgent_work_at_onc
     assert steps[0]["call_ms"] < 1000
     assert sim.stats()["m"]["served"] == sent + 2
     assert sim.stats()["m"]["cancelled"] == 0, "nothing was cut at the backend: nothing had been sent"
+
+
+def test_a_walk_cancelled_as_its_slot_is_granted_gives_the_slot_back_unused(runtime, sim, monkeypatch):
+    # A revoke whose broadcast lands between the grant and the call: the
+    # backend is not called and the slot is free again at once.
+    lane = runtime.lane(runtime.table().pools["p"])
+    cancel = threading.Event()
+    acquire = lane.acquire
+
+    def granted_then_cancelled(*args, **kwargs):
+        permit = acquire(*args, **kwargs)
+        cancel.set()
+        return permit
+
+    monkeypatch.setattr(lane, "acquire", granted_then_cancelled)
+    served = sim.stats()["m"]["served"]
+    walker = Walker(runtime)
+    with pytest.raises(AcquireCancelled, match="went back unused"):
+        walker.walk(request("chat", Priority.INTERACTIVE, deadline=time.time() + 30), cancel=cancel)
+    assert walker.trace.outcome == "cancelled"
+    assert walker.called == []
+    assert sim.stats()["m"]["served"] == served
+    assert lane.stats().in_flight == 0
