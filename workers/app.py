@@ -311,7 +311,7 @@ def run_routed(task, context: WorkerContext, request: RouteRequest) -> dict:
         if lease is not None:
             # A task going back to its queue frees its lease for the next delivery at once.
             context.runs().release(task_id, lease, ended=not going_back)
-        context.cancels.unregister(task_id, cancellation)
+        context.cancels.unregister(cancellation)
         _save_trace(runtime, walker, task_id)
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+
 import redis
 from celery import signals
 from celery.worker import state as worker_state
@@ -41,7 +42,7 @@ FEED_BATCH = 1_000
 class Cancellation:
     """One delivery's cancel: the event its walk reads, and why it was set."""
 
-    def __init__(self, task_id: str | None = None) -> None:
+    def __init__(self, task_id: str) -> None:
         self.task_id = task_id
         self.reason: str | None = None
         self.event = _CancelEvent(self)
@@ -52,7 +53,7 @@ class Cancellation:
         self.event.set()
 
     def revoked_by_broadcast(self) -> bool:
-        if self.task_id is not None and self.task_id in worker_state.revoked:
+        if self.task_id in worker_state.revoked:
             self.cancel("revoked")
             return True
         return False
@@ -133,16 +134,14 @@ class CancelRegistry:
         with self._lock:
             return sum(len(held) for held in self._items.values())
 
-    def unregister(self, task_id: str, item: Cancellation | None = None) -> None:
-        """Forget ``item`` (every delivery of ``task_id`` when None)."""
+    def unregister(self, item: Cancellation) -> None:
+        """Forget one delivery's cancel (another delivery of its task keeps its own)."""
         with self._lock:
-            held = self._items.get(task_id, [])
-            if item is None:
-                held.clear()
-            elif item in held:
+            held = self._items.get(item.task_id, [])
+            if item in held:
                 held.remove(item)
             if not held:
-                self._items.pop(task_id, None)
+                self._items.pop(item.task_id, None)
 
     def cancel_all(self, reason: str) -> None:
         with self._lock:

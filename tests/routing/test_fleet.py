@@ -83,10 +83,10 @@ def test_two_deliveries_of_one_task_each_keep_their_cancel_until_each_ends(redis
     first = registry.register("t-8")
     copy = registry.register("t-8")
     assert len(registry) == 2
-    registry.unregister("t-8", copy)
+    registry.unregister(copy)
     assert len(registry) == 1
     redis_client.xadd(key, {"task": "t-8"}, maxlen=REVOKES_KEPT, approximate=True)
     assert first.event.wait(5) and first.reason == "revoked"
     assert copy.reason is None
-    registry.unregister("t-8", first)
+    registry.unregister(first)
     assert len(registry) == 0

@@ -189,7 +189,7 @@ def _attempt(task, context: MemoryContext, runtime: Runtime, run, keeper: LeaseK
                     run_id, run.attempts, error, run_id)
         return {"run": run_id, "status": "failed", "attempts": run.attempts, "error": error}
     finally:
-        context.cancels.unregister(request.task_id, cancellation)
+        context.cancels.unregister(cancellation)
         if walker.trace is not None:
             try:
                 runtime.traces.save(walker.trace)
