@@ -174,10 +174,12 @@ class CancelRegistry:
             except redis.RedisError as exc:  # Redis away: the next read catches up
                 log.debug("revokes stream not read: %s", exc)
         with self._lock:
-            items = [(task_id, item) for task_id, held in self._items.items() for item in held]
-        for task_id, item in items:
-            if task_id in worker_state.revoked or task_id in streamed:
+            items = [item for held in self._items.values() for item in held]
+        for item in items:
+            if item.task_id in streamed:
                 item.cancel("revoked")
+            else:
+                item.revoked_by_broadcast()
 
 
 def stop_with_the_worker(context) -> None:
