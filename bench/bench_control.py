@@ -4,6 +4,7 @@
     python bench/bench_control.py --smoke    # two short scenarios, to prove it runs
     python bench/bench_control.py --hidden   # every scenario on the hidden-capacity harness
     python bench/bench_control.py --seeds 6  # the field scenarios over seeds 7..12: mean and worst
+    python bench/bench_control.py --seeds 12 --first-seed 1  # over seeds 1..12
 
 Every scenario runs in front of the simulator's engines (``bench/control_engines.py``:
 the step law, where every admitted request slows the others, ``max_num_seqs`` and
@@ -293,14 +294,17 @@ def main(argv: list[str]) -> int:
                         help="every scenario on the hidden-capacity harness, none in front of the engines")
     parser.add_argument("--seeds", type=int, metavar="N",
                         help="only the field scenarios, each law over seeds 7..7+N-1: mean and worst")
+    parser.add_argument("--first-seed", type=int, metavar="S", help="with --seeds: start at seed S instead of 7")
     args = parser.parse_args(argv)
     started = time.monotonic()
+    if args.first_seed is not None and args.seeds is None:
+        parser.error(f"--first-seed {args.first_seed}: it picks the seeds of --seeds N; give --seeds too")
     if args.seeds is not None:
         if args.seeds < 1:
             parser.error(f"--seeds {args.seeds}: give 1 or more runs a scenario")
         from control_seeds import print_spread
 
-        print_spread(args.seeds, args.smoke)
+        print_spread(args.seeds, args.smoke, 7 if args.first_seed is None else args.first_seed)
         print(f"({time.monotonic() - started:.0f} s)")
         return 0
     print(f"{'scenario':40} {'law':20} {'settle':>7} {'range':>14} {'changes':>7} {'cuts':>5} {'recover':>7} "
