@@ -302,9 +302,9 @@ def main(argv: list[str]) -> int:
     if args.seeds is not None:
         if args.seeds < 1:
             parser.error(f"--seeds {args.seeds}: give 1 or more runs a scenario")
-        from control_seeds import print_spread
+        from control_seeds import FIRST_SEED, print_spread
 
-        print_spread(args.seeds, args.smoke, 7 if args.first_seed is None else args.first_seed)
+        print_spread(args.seeds, args.smoke, FIRST_SEED if args.first_seed is None else args.first_seed)
         print(f"({time.monotonic() - started:.0f} s)")
         return 0
     print(f"{'scenario':40} {'law':20} {'settle':>7} {'range':>14} {'changes':>7} {'cuts':>5} {'recover':>7} "
