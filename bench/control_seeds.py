@@ -31,7 +31,7 @@ def _engine_cases(smoke: bool) -> list[tuple[str, list[str]]]:
     for scenario, laws, _since in bc.field_scenarios(smoke):
         if scenario.name.startswith(("F0 ", "F10 ")):
             continue
-        chosen.append((scenario.name, [*laws, "oracle"]))
+        chosen.append((scenario.name, [*laws, *bc.oracles(scenario)]))
     return chosen
 
 
@@ -46,7 +46,7 @@ def _run(job: tuple[str, str, str, int, bool]) -> tuple[str, str, dict]:
     if kind == "engines":
         scenario, laws, since = next(entry for entry in bc.field_scenarios(smoke) if entry[0].name == name)
         scenario = replace(scenario, seed=seed)
-        law = bc.oracle(scenario) if law_name == "oracle" else laws[law_name]
+        law = bc.oracles(scenario)[law_name] if law_name.startswith("oracle") else laws[law_name]
         run = simulate_on_engines(scenario, *law) if isinstance(law, tuple) else simulate_on_engines(scenario, law)
         low, high = run.range_after(since + (len(run.widths) - since) // 2)
         return name, law_name, {"over": run.over_requests, "idle": run.idle_slots, "low": low, "high": high,

@@ -138,3 +138,24 @@ def test_the_benchmarks_oracle_follows_the_capacity_and_a_swing_every_20_s_costs
     steady = replace(sc, capacity=((0, 100),))
     at_capacity = simulate_on_engines(steady, oracle(steady)).over_requests  # the first prompts' burst
     assert run.over_requests > 0.05 and run.over_requests > 2 * at_capacity, (run.over_requests, at_capacity)
+
+
+def test_the_late_oracles_learn_each_change_decisions_after_it_and_a_swing_costs_them_more():
+    # A law that reads gauges learns a change of capacity no sooner than a reading taken after
+    # it: the late oracles are what knowing the capacity that late still costs, the bound any
+    # such law is judged against on the swings.
+    from bench_control import oracles
+
+    swing = tuple((t * 20.0, 100 if t % 2 == 0 else 50) for t in range(6))
+    sc = Scenario("swing", swing, 100, mode="gauges", cycles=24, ceiling=2000, lag_range=(3.0, 6.0),
+                  scrape_s=12.0, kv_at_full=0.5)
+    rows = oracles(sc)
+    assert list(rows) == ["oracle", "oracle +1 decision", "oracle +2 decisions"]
+    runs = {name: simulate_on_engines(sc, law) for name, law in rows.items()}
+    for name, late in (("oracle +1 decision", 1), ("oracle +2 decisions", 2)):
+        expected = [sc.capacity_at(max(0, i + 1 - late) * sc.interval_s) for i in range(len(runs[name].widths))]
+        assert runs[name].widths == expected, (name, runs[name].widths)
+    over = [runs[name].over_requests for name in rows]
+    assert over[0] < over[1] < over[2], over
+    # A capacity that never changes has no late rows: the oracle on time is its only bound.
+    assert list(oracles(replace(sc, capacity=((0, 100),)))) == ["oracle"]
