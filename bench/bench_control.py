@@ -51,8 +51,9 @@ An oracle runs in every scenario on the engines: it sets the width to the capaci
 scenario has at each decision, which no law can read. What it still costs (requests
 admitted before the first decision, the batch above a capacity that just dropped) is the
 scenario's, not a law's. Where the capacity changes, two more learn each change one and two
-decisions after it (``LATE_ORACLES``): a law that reads gauges learns a change no sooner
-than the first reading taken after it, so these bound what any such law can reach.
+decisions after it (``LATE_ORACLES``): no law learns a change before the first decision after
+it, so the first bounds them all; the second is about where a reading at the default cadence
+first shows it.
 """
 
 from __future__ import annotations
