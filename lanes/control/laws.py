@@ -351,6 +351,8 @@ LANE_TRANSIT_SHARE = 0.02
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
+# How often a probe above the width a forgotten first cap was read at doubles its step (to 80 %).
+BACKLOG_DOUBLINGS = 4
 ANSWERS_KEPT = 8  # intervals of the lane's answers kept: 40 s at the default 5-s decision
 # A yardstick taken after a cut by the lane's evidence that is this much longer than the one the
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
@@ -812,6 +814,13 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             confirmed = (_cap_agrees(memo, running, g.endpoints, params) or _just_over(queued, running)
                          or _growth_ran_none(memo, running, width))
             memo["cap"], memo["cap_endpoints"], memo["cap_first"] = running, g.endpoints, not confirmed
+            # Where a first cap was read: if a probe then runs past it, the reading was of a
+            # prefill backlog at this width (see _past_a_backlog).
+            memo.pop("backlog_ceiling", None)
+            if confirmed:
+                memo.pop("cap_read_at", None)
+            else:
+                memo["cap_read_at"] = width
             memo["capped_at"] = running  # the width a cut to it leaves: see above
             memo.pop("cap_raised", None)
             memo.pop("cap_lane", None)
@@ -867,10 +876,14 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         if width > cap and g.running + g.held > cap:
             # More ran than the cap with nothing waiting (no reading of before the probe can
             # show that): the backend was reconfigured, or a first cap was a burst's prefill
-            # backlog. Growth goes by the KV room again. (Raising a first cap to what ran, a
-            # probe at a time, kept a backend grown from 6 to 12 below 11 for 40 s live.)
+            # backlog. Growth goes back to the width that first cap was read at, then by the KV
+            # room through probes (_past_a_backlog). (Raising a first cap to what ran, a probe
+            # at a time, kept a backend grown from 6 to 12 below 11 for 40 s live.)
+            read_at = memo.pop("cap_read_at", None)
             for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
                 memo.pop(key, None)
+            if read_at is not None and read_at > width:
+                memo["backlog_ceiling"], memo["backlog_steps"] = read_at, 0
             probing.held(memo)
             cap = measured = None
             fresh = True
@@ -926,9 +939,36 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     target = min(room, math.ceil(width * params["headroom_factor"]), s.in_flight + s.waiting)
     bound = "the KV room" if target == room else "the work waiting" if target == s.in_flight + s.waiting \
         else f"x{params['headroom_factor']:g}"
+    past = _past_a_backlog(width, target, memo, params)
+    if past is not None:
+        target, bound = past
     if cap is not None and target > cap:
         target, bound = cap, f"the running cap {cap}"
     return _growth(width, target, bounds, g, f"KV cache {g.kv_usage:.0%} used: room for {room}; grow to {bound}")
+
+
+def _past_a_backlog(width: int, target: int, memo: dict, params: dict) -> tuple[int, str] | None:
+    """A growth into the KV room bounded by the width a forgotten first cap was read at.
+
+    A first cap that a probe ran past was a prefill backlog (a start's burst read as 82 running
+    and 18 waiting at 100), but the width it was read at is the best guess of the cap there is:
+    the growth goes back to it, not into the KV room, which is twice the cap where max_num_seqs
+    binds at half the cache (87 -> 208 for 100, and 107 requests waited). Above it, probes step
+    as a raised cap's do, the step doubling with each that holds (5, 10, 20, 40, then 80 % a
+    reading, within the KV room), so a backend that is much wider is reached in a few readings.
+    The ceiling stands until a reading measures a running cap. Over twelve seeds: F12 8.3 -> 7.1
+    %, F2 4.8 -> 3.8 %, physical P0 9.5 -> 6.5 %, P12 18.6 -> 13.0 % of requests waited; letting
+    the KV room lead again after five such probes gave back most of the physical rows' gain (P2
+    9.6 %, P3 8.3 %)."""
+    ceiling = memo.get("backlog_ceiling")
+    if ceiling is None:
+        return None
+    if width < ceiling:
+        return (ceiling, f"the width {ceiling} a prefill backlog was read at") if target > ceiling else None
+    steps = memo.get("backlog_steps", 0)
+    memo["backlog_steps"] = steps + 1
+    probe = width + probing.step(width, params["probe_fraction"] * 2 ** min(steps, BACKLOG_DOUBLINGS))
+    return (probe, f"a probe above the width {ceiling} a prefill backlog was read at") if probe < target else None
 
 
 def _growth(width: int, target: int, bounds: Bounds, g: Gauges, why: str) -> Proposal:

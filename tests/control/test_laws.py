@@ -894,3 +894,35 @@ def test_the_second_look_needs_calls_that_waited_and_can_be_turned_off():
     off = {**VLLM, "lane_rejudge": 0.0}
     assert vllm_law(answers(57, 250, age=5.0, call=1.5), WIDE, off, after_first(off)).decision == "hold"
 
+
+
+def test_a_first_cap_a_probe_ran_past_sends_the_width_back_to_where_it_was_read_not_into_the_kv_room():
+    # Capacity 100 (max_num_seqs), the cache at 47 % with a full batch. A start's burst is read
+    # as 82 running and 18 waiting at 100: a first cap of 82. The probe at 87 runs all 87, so 82
+    # was a prefill backlog and is forgotten; the growth goes back to the 100 it was read at, not
+    # into the KV room (208, where 107 requests waited until the next reading cut it).
+    def step(width, seen, age=10.0):
+        return vllm_law(Signals(width=width, in_flight=width, waiting=500, width_age_seconds=age,
+                                gauges=seen), WIDE, VLLM, memo)
+
+    memo = {}
+    cut = step(100, gauges(82, 18, 18, kv=0.35), age=None)
+    assert cut.width == 82 and "to be confirmed" in cut.reason
+    assert step(82, gauges(82, kv=0.38)).width == 87
+    back = step(87, gauges(87, kv=0.41))
+    assert back.width == 100 and "prefill backlog was read at" in back.reason
+    # Above it, probes: 5 % first. One that runs no more than the 100 before it finds the cap,
+    # which stands at once.
+    assert step(100, gauges(100, kv=0.47)).width == 105
+    found = step(105, gauges(100, 5, 5, kv=0.46))
+    assert found.width == 100 and "to be confirmed" not in found.reason
+    assert "backlog_ceiling" not in memo
+    # A backend far wider than the width the backlog was read at: each probe that holds doubles
+    # the next one's step (5, 10, 20, 40, then 80 %), within the KV room.
+    memo = {}
+    step(100, gauges(82, 18, 18, kv=0.35), age=None)
+    step(82, gauges(82, kv=0.10))
+    widths = [step(87, gauges(87, kv=0.10)).width]
+    for _ in range(6):
+        widths.append(step(widths[-1], gauges(widths[-1], kv=0.10)).width)
+    assert widths == [100, 105, 116, 140, 196, 353, 636]
