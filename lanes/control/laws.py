@@ -351,8 +351,8 @@ LANE_TRANSIT_SHARE = 0.02
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
-# How often a probe above the width a forgotten first cap was read at doubles its step (to 80 %).
-BACKLOG_DOUBLINGS = 4
+# How often a probe that follows probes that held doubles its step (5 % -> 80 % at the default).
+PROBE_DOUBLINGS = 4
 ANSWERS_KEPT = 8  # intervals of the lane's answers kept: 40 s at the default 5-s decision
 # A yardstick taken after a cut by the lane's evidence that is this much longer than the one the
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
@@ -902,7 +902,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # idle 7 / 13 / 13 -> 5 / 8 / 10 %, requests that waited 4.7 / 4.3 / 4.9 -> 5.0 / 5.1 /
             # 5.4 %; physical P2 / P3 5,699 / 5,881 -> 6,421 / 6,507 tokens/s).
             streak = memo.get("cap_raised", 0)
-            target = bounds.clamp(width + probing.step(width, params["probe_fraction"] * 2 ** min(streak, 4)))
+            target = bounds.clamp(_doubled_probe(width, streak, params))
             return _growth(width, target, bounds, g, f"probe above the running cap {cap}")
     if not fresh:
         return _hold(width, stale)
@@ -967,8 +967,13 @@ def _past_a_backlog(width: int, target: int, memo: dict, params: dict) -> tuple[
         return (ceiling, f"the width {ceiling} a prefill backlog was read at") if target > ceiling else None
     steps = memo.get("backlog_steps", 0)
     memo["backlog_steps"] = steps + 1
-    probe = width + probing.step(width, params["probe_fraction"] * 2 ** min(steps, BACKLOG_DOUBLINGS))
+    probe = _doubled_probe(width, steps, params)
     return (probe, f"a probe above the width {ceiling} a prefill backlog was read at") if probe < target else None
+
+
+def _doubled_probe(width: int, held: int, params: dict) -> int:
+    """The width of a probe after ``held`` probes in a row held: the step doubles with each."""
+    return width + probing.step(width, params["probe_fraction"] * 2 ** min(held, PROBE_DOUBLINGS))
 
 
 def _growth(width: int, target: int, bounds: Bounds, g: Gauges, why: str) -> Proposal:
