@@ -895,7 +895,6 @@ def test_the_second_look_needs_calls_that_waited_and_can_be_turned_off():
     assert vllm_law(answers(57, 250, age=5.0, call=1.5), WIDE, off, after_first(off)).decision == "hold"
 
 
-
 def test_a_first_cap_a_probe_ran_past_sends_the_width_back_to_where_it_was_read_not_into_the_kv_room():
     # Capacity 100 (max_num_seqs), the cache at 47 % with a full batch. A start's burst is read
     # as 82 running and 18 waiting at 100: a first cap of 82. The probe at 87 runs all 87, so 82
