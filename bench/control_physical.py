@@ -18,19 +18,22 @@ any machine.
 The field table runs the same engines in the field's conditions of the main
 benchmark (bench_control.py's F rows): a scrape at most every 12 s with 3-6 s
 of lag, failed scrapes, a long-context burst that makes the KV cache bind, a
-load below what the engines can run. There, over-admission is the share of
-requests that waited in an engine's queue (vLLM's ``num_requests_waiting``)
-or were preempted: what a width above what the engines can run costs.
+load below what the engines can run, answers of varied length. There,
+over-admission is the share of requests that waited in an engine's queue
+(vLLM's ``num_requests_waiting``) or were preempted: what a width above what
+the engines can run costs.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
 from lanes.control.laws import Bounds, Gauges, Signals, wants_reading
+from lanes.control.simulate import Scenario
 from lanes.sim import EngineCore, SimModel, SimRequest
 from lanes.sim.engine import FINISHED
 from lanes.sim.model import new_rng
@@ -47,6 +50,9 @@ class PhysicalScenario:
     kv_blocks: int = 24_576  # 393k tokens of 16: an H100's KV cache for an 8B model at 0.9 memory use
     prompt_tokens: int = 1000
     answer_tokens: int = 200
+    # Answer lengths drawn lognormal with this sigma about ``answer_tokens`` (0: every answer that
+    # long). Equal lengths keep the requests admitted together finishing together, in waves.
+    answer_sigma: float = 0.0
     interval_s: float = 5.0
     lag_s: float = 1.0
     cycles: int = 24
@@ -92,6 +98,8 @@ def simulate_physical(sc: PhysicalScenario, decide: Decide) -> PhysicalRun:
     cores = [EngineCore(model, new_rng(model, i)) for i in range(sc.replicas)]
     arrivals = random.Random(sc.seed)
     scrapes = random.Random(sc.seed + 1)  # apart, so scrapes never shift arrivals
+    lengths = random.Random(sc.seed + 2)
+    mu = math.log(sc.answer_tokens) - sc.answer_sigma ** 2 / 2  # the lengths' mean is answer_tokens
     bounds = Bounds(1, sc.ceiling)
     memo: dict = {}
     run = PhysicalRun()
@@ -110,7 +118,10 @@ def simulate_physical(sc: PhysicalScenario, decide: Decide) -> PhysicalRun:
         touched = set()
         while in_flight < width and waiting > 0:
             core = min(cores, key=lambda c: c.unfinished())
-            request = SimRequest(prompt_tokens=sc.prompt_at(now), max_tokens=sc.answer_tokens, arrived=now,
+            tokens = sc.answer_tokens
+            if sc.answer_sigma:
+                tokens = max(1, round(lengths.lognormvariate(mu, sc.answer_sigma)))
+            request = SimRequest(prompt_tokens=sc.prompt_at(now), max_tokens=tokens, arrived=now,
                                  queued_at=now)
             core.add(request)
             touched.add(id(core))
@@ -219,9 +230,13 @@ def print_table(laws: dict[str, Decide], smoke: bool) -> None:
 def field_scenarios(smoke: bool) -> list[PhysicalScenario]:
     """The main benchmark's field conditions on the physical engines: a scrape at most every
     12 s, each 3-6 s old, failed scrapes, a long-context burst (8,000-token prompts for 30 s:
-    the KV cache binds at about 47 a engine instead of max_num_seqs), a load below the bound."""
+    the KV cache binds at about 47 a engine instead of max_num_seqs), a load below the bound.
+    Answers vary in length as the engines' field rows' do (lognormal, sigma 0.3): with every
+    answer 200 tokens long, the requests a growth admits together finish together for the rest of
+    the run, and each wave's prompts wait for the step's token budget at once (a field has no
+    such waves; they held most seeds' widths far below the bound)."""
     cycles = 12 if smoke else 80
-    field = dict(cycles=cycles, scrape_s=12.0, lag_range=(3.0, 6.0))
+    field = dict(cycles=cycles, scrape_s=12.0, lag_range=(3.0, 6.0), answer_sigma=Scenario.sigma)
     found = [PhysicalScenario("P0 from 8, field gauges", **field)]
     if smoke:
         return found
