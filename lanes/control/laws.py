@@ -957,7 +957,8 @@ def _past_a_backlog(width: int, target: int, memo: dict, params: dict) -> tuple[
     as a raised cap's do, the step doubling with each that holds (5, 10, 20, 40, then 80 % a
     reading, within the KV room), so a backend that is much wider is reached in a few readings.
     The ceiling stands until a reading measures a running cap. Over twelve seeds: F12 8.3 -> 7.1
-    %, F2 4.8 -> 3.8 %, physical P0 9.5 -> 6.5 %, P12 18.6 -> 13.0 % of requests waited; letting
+    %, F2 4.8 -> 3.8 %, physical P0 9.5 -> 6.5 %, P12 18.6 -> 13.0 % of requests waited (the
+    physical rows' answers then of equal length); letting
     the KV room lead again after five such probes gave back most of the physical rows' gain (P2
     9.6 %, P3 8.3 %)."""
     ceiling = memo.get("backlog_ceiling")
