@@ -299,8 +299,8 @@ def _just_over(queued: float, running: float) -> bool:
 
 
 def _growth_ran_none(memo: dict, running: int, width: int) -> bool:
-    """Whether the reading before this one saw the lane's whole narrower width running with
-    nothing waiting, and this one, after a growth, sees no more running: the growth ran none
+    """Whether the newest reading of another width saw the lane's whole narrower width running
+    with nothing waiting, and this one, after a growth, sees no more running: the growth ran none
     of what it added, so the running count is the cap, not a backlog the next steps clear."""
     before = memo.get("reading_before")
     if before is None:
@@ -435,7 +435,15 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
     memo["proven"], memo["endpoints"] = int(g.running + g.held), g.endpoints
     memo.pop("lane_cut", None)
     queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
-    memo["reading_before"], memo["reading"] = memo.get("reading"), [memo["proven"], queued, s.width, g.endpoints]
+    # What a growth is judged against (_growth_ran_none): the newest reading of another width. The
+    # reading just before can be of the same width within its gauge lag, still showing the width
+    # before (100 running, none waiting at a probe to 105; then 100 and 4), and a cap of 100 then
+    # waited for a confirmation probe that made an interval's admissions wait (over twelve seeds:
+    # F12 7.3 -> 7.0 %, physical P2 8.8 -> 8.3 %).
+    last = memo.get("reading")
+    if last is not None and last[2] != s.width:
+        memo["reading_before"] = last
+    memo["reading"] = [memo["proven"], queued, s.width, g.endpoints]
     call = _mean_call(s)
     # The interval and the one before it at this width: calls that began before the lane was
     # busy at it (its first interval) are a biased sample (the short ones end first).
@@ -686,7 +694,8 @@ def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
 def wants_reading(memos: dict[str, dict]) -> bool:
     """Whether a law waits for a reading to judge a growth: read the gauges at this decision,
     whatever the scrape cadence."""
-    return any(isinstance(memo, dict) and memo.get("unjudged_growth") for memo in memos.values())
+    return any(isinstance(memo, dict) and (memo.get("unjudged_growth") or memo.get("cap_check"))
+               for memo in memos.values())
 
 
 # One address in front of several replicas (a Service, a balancer): each scrape reaches one of
@@ -748,6 +757,9 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if memo.get("last_width") not in (None, width):
         memo["width_before"] = memo["last_width"]  # what the lane's answers judge a growth against
     memo["last_width"] = width
+    backlog = _first_cap_outrun(s, g, bounds, memo)
+    if backlog is not None:
+        return backlog
     if not saturated:
         lane = _probe_judged(s, bounds, params, memo) or _lane_evidence(s, bounds, params, memo)
         if lane is not None:
@@ -821,6 +833,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                 memo.pop("cap_read_at", None)
             else:
                 memo["cap_read_at"] = width
+                memo["cap_check"] = True  # read again at the next decision: _first_cap_outrun
             memo["capped_at"] = running  # the width a cut to it leaves: see above
             memo.pop("cap_raised", None)
             memo.pop("cap_lane", None)
@@ -945,6 +958,54 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if cap is not None and target > cap:
         target, bound = cap, f"the running cap {cap}"
     return _growth(width, target, bounds, g, f"KV cache {g.kv_usage:.0%} used: room for {room}; grow to {bound}")
+
+
+def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) -> Proposal | None:
+    """A first running cap outrun while the lane drains the cut to it: back where it was read.
+
+    A first cap read within the gauges' lag of a growth can be the growth's prompts waiting for
+    the step's token budget (128 -> 512 read at 144 running, 367 waiting). The backend never runs
+    more than max_num_seqs, so a reading that sees more running than that cap (by more than the
+    requests in transit or ``CAP_AGREES`` of it, whichever is more) while the width is still at
+    it proves it a backlog. The lane reads at the decision after such a cut (:func:`wants_reading`),
+    while most of the growth is still in flight: the width goes back towards where the cap was
+    read at once, no higher than what is in flight, so only what ended since is admitted again;
+    a probe after the drain admitted the whole growth a second time, and its prompts waited
+    again (over twelve seeds: physical P0 8.3 -> 6.0 %, P12 15.2 -> 11.9 %, F11 6.5 -> 5.5 % of
+    requests waited; going back to the width itself, 7.1 / 14.7 / 5.9 %)."""
+    if g is None or not g.ok:
+        return None
+    check, memo["cap_check"] = memo.get("cap_check"), False
+    if not (check and g.complete and memo.get("cap_first")):
+        return None
+    cap, read_at = _cap(memo, g), memo.get("cap_read_at")
+    ran = int(g.running + g.held)
+    if cap is None or read_at is None or s.width > cap or ran <= cap + max(_in_transit(cap), CAP_AGREES * cap):
+        return None
+    target = bounds.clamp(min(read_at, max(ran, s.in_flight)))
+    queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+    if queued > _in_transit(ran):
+        # Work still waits at the higher count: a first cap again, of what ran (one address in front
+        # of two replicas read 88, then 100 with 44 waiting, and the width went back to the 160 the
+        # first was read at: 60 waited). It is checked as the first was, and a probe confirms or
+        # forgets it (over twelve seeds: physical P0 6.0 -> 5.6 %, P12 11.9 -> 11.6 %; F4 seed 7
+        # settles in 8 decisions, where the way back to 160 took 11).
+        memo["cap"], memo["capped_at"], memo["cap_check"] = ran, ran, True
+        memo["cap_quiet_until"] = memo.get("n", 0) + 1
+        target = min(target, ran)
+        why = f"{ran} running, more than the first running cap {cap}, and {queued:g} waiting: a first cap of {ran}"
+        return Proposal(target, "grow", why) if target > s.width else _hold(s.width, why)
+    for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_read_at", "measured", "failed",
+                "cap_lane", "cap_first"):
+        memo.pop(key, None)
+    memo["backlog_ceiling"], memo["backlog_steps"] = read_at, 0
+    probing.held(memo)
+    if target <= s.width:
+        return _hold(s.width, f"{ran} running, more than the first running cap {cap}: it was a prefill backlog")
+    toward = f"back to the width {read_at} it was read at" if target == read_at else \
+        f"back towards the width {read_at} it was read at, as far as the {s.in_flight} in flight"
+    return Proposal(target, "grow", f"{ran} running, more than the first running cap {cap}: it was a prefill "
+                                    f"backlog; {toward}")
 
 
 def _past_a_backlog(width: int, target: int, memo: dict, params: dict) -> tuple[int, str] | None:

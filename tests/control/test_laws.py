@@ -816,11 +816,15 @@ def test_a_growth_past_what_was_measured_asks_for_a_reading_at_every_decision_un
     assert compose({"vllm": VLLM}, early, WIDE, memos).decision == "hold" and wants_reading(memos)
     judged = Signals(width=17, in_flight=17, waiting=0, gauges=gauges(15, kv=0.8), width_age_seconds=lag + 1)
     assert compose({"vllm": VLLM}, judged, WIDE, memos).decision == "hold" and not wants_reading(memos)
-    # A saturated reading cuts at once, however early, and nothing is waited for after it.
+    # A saturated reading cuts at once, however early. A first running cap asks for one reading
+    # more, at the next decision (it may be the growth's prefill backlog); after that reading
+    # nothing is waited for.
     memos = {}
     compose({"vllm": VLLM}, Signals(width=10, in_flight=10, waiting=30, gauges=gauges(9)), WIDE, memos)
     cut = Signals(width=17, in_flight=17, waiting=30, gauges=gauges(12, 5, 5, kv=0.6), width_age_seconds=1.0)
-    assert compose({"vllm": VLLM}, cut, WIDE, memos).decision == "cut" and not wants_reading(memos)
+    assert compose({"vllm": VLLM}, cut, WIDE, memos).decision == "cut" and wants_reading(memos)
+    after = Signals(width=12, in_flight=12, waiting=30, gauges=gauges(12, kv=0.6), width_age_seconds=5.0)
+    assert compose({"vllm": VLLM}, after, WIDE, memos).width == 12 and not wants_reading(memos)
     # Back up to a capacity already measured: nothing new to judge, the scrape cadence stands.
     memos = {"vllm": {"cap": 100, "cap_endpoints": 1, "measured": 100}}
     back = compose({"vllm": VLLM}, Signals(width=50, in_flight=50, waiting=30, gauges=gauges(50, kv=0.25)), WIDE, memos)
@@ -925,3 +929,69 @@ def test_a_first_cap_a_probe_ran_past_sends_the_width_back_to_where_it_was_read_
     for _ in range(6):
         widths.append(step(widths[-1], gauges(widths[-1], kv=0.10)).width)
     assert widths == [100, 105, 116, 140, 196, 353, 636]
+
+
+def test_a_first_cap_outrun_while_the_lane_drains_the_cut_sends_the_width_back_at_once():
+    # Two engines of max_num_seqs 256. A growth 128 -> 512 is read 5 s after it at 308 running
+    # and 204 waiting: the growth's prompts waiting for the step's token budget, taken for a first
+    # running cap of 308. The reading at the next decision, while the lane still drains the cut
+    # (488 in flight), sees 488 running: vLLM never runs more than max_num_seqs, so 308 was a
+    # backlog. The width goes back towards 512 at once, no higher than what is in flight (what
+    # ended since is admitted again, not the whole growth a second time), where a probe after the
+    # drain admitted the growth again and its prompts waited again (over twelve seeds: physical
+    # P0 8.3 -> 6.0 % of requests waited).
+    memo = {}
+    cut = vllm_law(Signals(width=512, in_flight=512, waiting=900, width_age_seconds=5.0,
+                           gauges=gauges(308, 204, 204, kv=0.40)), WIDE, VLLM, memo)
+    assert cut.width == 308 and "to be confirmed" in cut.reason and memo["cap_check"]
+    back = vllm_law(Signals(width=308, in_flight=488, waiting=900, width_age_seconds=5.0,
+                            gauges=gauges(488, kv=0.66)), WIDE, VLLM, memo)
+    assert back.width == 488 and "prefill backlog" in back.reason and "cap" not in memo
+    assert memo["backlog_ceiling"] == 512  # above it, probes (see the test above)
+    # Where max_num_seqs binds, the reading after the cut sees no more running than the cap: it
+    # stands, and the lane drains to it.
+    memo = {}
+    vllm_law(Signals(width=512, in_flight=512, waiting=900, width_age_seconds=5.0,
+                     gauges=gauges(308, 204, 204, kv=0.40)), WIDE, VLLM, memo)
+    kept = vllm_law(Signals(width=308, in_flight=420, waiting=900, width_age_seconds=5.0,
+                            gauges=gauges(308, 112, 112, kv=0.40)), WIDE, VLLM, memo)
+    assert kept.width == 308 and memo["cap"] == 308 and not memo["cap_check"]
+    # Past the cap with work still waiting, what ran is a first cap again: the width goes to it,
+    # not back to where the first was read (one address in front of two replicas read 88 at 160,
+    # then 100 running and 44 waiting; back at 160, 60 waited), and a probe confirms it.
+    memo = {}
+    vllm_law(Signals(width=160, in_flight=160, waiting=900, width_age_seconds=5.0,
+                     gauges=gauges(88, 72, 72, kv=0.39)), WIDE, VLLM, memo)
+    again = vllm_law(Signals(width=88, in_flight=88, waiting=900, width_age_seconds=5.0,
+                             gauges=gauges(100, 44, 44, kv=0.46)), WIDE, VLLM, memo)
+    assert again.width == 100 and "a first cap of 100" in again.reason
+    assert memo["cap"] == 100 and memo["cap_first"] and memo["cap_check"] and "backlog_ceiling" not in memo
+    # A count past the cap by no more than the requests in transit proves nothing.
+    memo = {}
+    vllm_law(Signals(width=512, in_flight=512, waiting=900, width_age_seconds=5.0,
+                     gauges=gauges(308, 204, 204, kv=0.40)), WIDE, VLLM, memo)
+    vllm_law(Signals(width=308, in_flight=420, waiting=900, width_age_seconds=5.0,
+                     gauges=gauges(312, kv=0.40)), WIDE, VLLM, memo)
+    assert memo["cap"] == 308
+
+
+def test_a_probe_is_judged_against_the_last_reading_at_the_width_below_it():
+    # Capacity 100. The width ran all 100 with nothing waiting, and a probe took it to 105. The
+    # reading in the probe's gauge lag still saw 100 and none waiting (of the width before); the
+    # next saw 100 running and 4 waiting. The probe ran none of the 5 it added: 100 is the cap and
+    # stands at once, judged against the reading at 100, not the lagging one at 105. Its
+    # confirmation probe made every request admitted for an interval wait again (over twelve
+    # seeds: F12 7.3 -> 7.0 %, physical P2 8.8 -> 8.3 %).
+    memo = {"backlog_ceiling": 100, "backlog_steps": 0}
+    probe = vllm_law(Signals(width=100, in_flight=100, waiting=500, width_age_seconds=10.0,
+                             gauges=gauges(100, kv=0.46)), WIDE, VLLM, memo)
+    assert probe.width == 105
+    early = vllm_law(Signals(width=105, in_flight=105, waiting=500, width_age_seconds=5.0,
+                             gauges=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert early.width == 105 and early.decision == "hold"
+    cut = vllm_law(Signals(width=105, in_flight=105, waiting=500, width_age_seconds=10.0,
+                           gauges=gauges(100, 4, 4, kv=0.47)), WIDE, VLLM, memo)
+    assert cut.width == 100 and "to be confirmed" not in cut.reason
+    held = vllm_law(Signals(width=100, in_flight=100, waiting=500, width_age_seconds=5.0,
+                            gauges=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert "no probe above it" in held.reason
