@@ -330,6 +330,21 @@ def _cap_measured(memo: dict, params: dict, *, confirmed: bool, probed: bool) ->
         memo["cap_quiet_until"] = memo.get("n", 0) + 1
 
 
+def _queued(g: Gauges) -> float:
+    """What waits in vLLM for capacity: the by-reason gauge where the backend has it (vLLM >= 0.20),
+    else every waiting request."""
+    return g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+
+
+# What a measured running cap keeps in a law's memo, with its back-off and the probe it judged.
+CAP_KEYS = ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed")
+
+
+def _forget_cap(memo: dict, *also: str) -> None:
+    for key in (*CAP_KEYS, *also):
+        memo.pop(key, None)
+
+
 def _cap(memo: dict, g: Gauges) -> int | None:
     """The running cap measured on this pool's endpoints (another set of endpoints has another)."""
     cap = memo.get("cap")
@@ -434,7 +449,7 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
     backend's own (``call_s``), the yardstick for the lane's evidence between readings."""
     memo["proven"], memo["endpoints"] = int(g.running + g.held), g.endpoints
     memo.pop("lane_cut", None)
-    queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+    queued = _queued(g)
     # What a growth is judged against (_growth_ran_none): the newest reading of another width. The
     # reading just before can be of the same width within its gauge lag, still showing the width
     # before (100 running, none waiting at a probe to 105; then 100 and 4), and a cap of 100 then
@@ -455,8 +470,7 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_lane", "measured", "failed"):
-                memo.pop(key, None)
+            _forget_cap(memo)
 
 
 def _keep_yardstick(memo: dict, width: int, call: float) -> None:
@@ -608,8 +622,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     g = s.gauges
     judged_after = g is not None and probing.evidence_after_change(s.width_age_seconds, g.age_seconds,
                                                                     params["gauge_lag_seconds"])
-    if g is not None and g.ok and g.complete and (
-            g.waiting_capacity if g.waiting_capacity is not None else g.waiting) <= 0 and (not above or judged_after):
+    if g is not None and g.ok and g.complete and _queued(g) <= 0 and (not above or judged_after):
         # A reading of this decision, inside the interval, saw nothing waiting: at or below
         # ``proven`` the backend did not shrink; above it, taken after the growth, the growth
         # held. Calls that took longer than the yardstick were slower, not waiting (a decode
@@ -786,7 +799,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # The lane's own count less what waits in vLLM is the same cap by another road
             # (exact in flight, one noisy gauge instead of two): the larger of the two, so a
             # running gauge read low is not taken for a lower cap.
-            queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+            queued = _queued(g)
             # Not where the gauge reads the cap already known: a probe that failed there has
             # answers in transit that the lane's count would take for a higher cap (538 in
             # flight less 10 waiting read 528 for 512, and 16 waited at every reading after).
@@ -893,8 +906,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # room through probes (_past_a_backlog). (Raising a first cap to what ran, a probe
             # at a time, kept a backend grown from 6 to 12 below 11 for 40 s live.)
             read_at = memo.pop("cap_read_at", None)
-            for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "measured", "failed", "cap_lane"):
-                memo.pop(key, None)
+            _forget_cap(memo)
             if read_at is not None and read_at > width:
                 memo["backlog_ceiling"], memo["backlog_steps"] = read_at, 0
             probing.held(memo)
@@ -975,7 +987,7 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) 
     requests waited; going back to the width itself, 7.1 / 14.7 / 5.9 %)."""
     if g is None or not g.ok:
         return None
-    check, memo["cap_check"] = memo.get("cap_check"), False
+    check = memo.pop("cap_check", False)
     if not (check and g.complete and memo.get("cap_first")):
         return None
     cap, read_at = _cap(memo, g), memo.get("cap_read_at")
@@ -983,7 +995,7 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) 
     if cap is None or read_at is None or s.width > cap or ran <= cap + max(_in_transit(cap), CAP_AGREES * cap):
         return None
     target = bounds.clamp(min(read_at, max(ran, s.in_flight)))
-    queued = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+    queued = _queued(g)
     if queued > _in_transit(ran):
         # Work still waits at the higher count: a first cap again, of what ran (one address in front
         # of two replicas read 88, then 100 with 44 waiting, and the width went back to the 160 the
@@ -995,9 +1007,7 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) 
         target = min(target, ran)
         why = f"{ran} running, more than the first running cap {cap}, and {queued:g} waiting: a first cap of {ran}"
         return Proposal(target, "grow", why) if target > s.width else _hold(s.width, why)
-    for key in ("cap", "cap_endpoints", "cap_backoff", "cap_quiet_until", "cap_read_at", "measured", "failed",
-                "cap_lane", "cap_first"):
-        memo.pop(key, None)
+    _forget_cap(memo, "cap_read_at", "cap_first")
     memo["backlog_ceiling"], memo["backlog_steps"] = read_at, 0
     probing.held(memo)
     if target <= s.width:
@@ -1062,7 +1072,7 @@ def utilisation_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Pro
     window = memo.setdefault("window", _new_window(width))
     g = s.gauges
     if g is not None and g.ok and g.complete and g.kv_usage is not None:
-        waiting = g.waiting_capacity if g.waiting_capacity is not None else g.waiting
+        waiting = _queued(g)
         if waiting > 0 and g.kv_usage < params["target"] and g.running >= 1:
             memo["running_cap"] = int(g.running)
     cap = memo.get("running_cap")
