@@ -665,6 +665,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
         memo.pop("cap_raised", None)
+        memo.pop("cap_raised_at", None)
         memo["lane_call"] = call
         if _began_at_change(s):
             # The interval began at the growth: calls begun at the old width and the new ones'
@@ -849,6 +850,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                 memo["cap_check"] = True  # read again at the next decision: _first_cap_outrun
             memo["capped_at"] = running  # the width a cut to it leaves: see above
             memo.pop("cap_raised", None)
+            memo.pop("cap_raised_at", None)
             memo.pop("cap_lane", None)
         # Work waiting while the cache has room: the running count is the cap, however old the
         # reading (the backend was full then), so the cut goes all the way to it at once.
@@ -895,7 +897,12 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             # waited, settled in 10 decisions, not 12).
             memo["cap"] = memo["measured"] = int(g.running + g.held)
             memo["cap_quiet_until"] = memo.get("n", 0)
-            memo["cap_raised"] = memo.get("cap_raised", 0) + 1
+            if memo.get("cap_raised_at") != width:
+                # One probe, one step of the streak: readings at the same probe that each see a
+                # request or two more running (473, 474, 475 at 475) are one raise, not three; as
+                # three, the next probe's step doubled three times (475 -> 665, +40 %), and its
+                # prompts waited for the engines' token budget (physical P2 seed 1: 290 requests).
+                memo["cap_raised"], memo["cap_raised_at"] = memo.get("cap_raised", 0) + 1, width
             probing.held(memo)
             whose = "the lane's" if memo.get("cap_lane") else "the"
             return _hold(width, f"probe at {width} ran {g.running + g.held:g}: {whose} running cap is raised")

@@ -335,6 +335,21 @@ def test_each_probe_that_raises_a_low_cap_doubles_the_next_step():
     assert memo["cap"] == 100 and "cap_raised" not in memo
 
 
+def test_readings_that_raise_a_cap_at_the_same_probe_count_as_one_raise():
+    # A probe at 475 over a lane's cap of 452 is read at 473, 474 and 475 running (requests still
+    # starting): one probe that held, so the next steps +10 %, not +40 % (three doublings sent a
+    # pool on the physical engines from 475 to 665, and the 190 prompts it admitted at once waited
+    # for the engines' token budget).
+    memo = {"cap": 452, "cap_endpoints": 1, "cap_lane": True, "measured": 452, "failed": 512, "n": 3}
+    for ran in (473, 474, 475):
+        held = vllm_law(Signals(width=475, in_flight=475, waiting=1000, gauges=gauges(ran, kv=0.67)), WIDE, VLLM,
+                        memo)
+        assert held.width == 475 and "running cap is raised" in held.reason and memo["cap"] == ran
+    assert memo["cap_raised"] == 1
+    probe = vllm_law(Signals(width=475, in_flight=475, waiting=1000, gauges=gauges(475, kv=0.67)), WIDE, VLLM, memo)
+    assert "probe above the running cap 475" in probe.reason and probe.width == 523
+
+
 def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_once():
     # The KV room said 104; max_num_seqs is 100: 100 run and 2 wait. No prefill backlog leaves
     # 2 of the 64 a growth added: the cap stands for its back-off, no confirmation probe (which
