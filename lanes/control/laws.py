@@ -345,6 +345,12 @@ def _forget_cap(memo: dict, *also: str) -> None:
         memo.pop(key, None)
 
 
+def _end_raise_streak(memo: dict) -> None:
+    """A new cap was measured: the probes that raised the last one (and doubled the step) start over."""
+    memo.pop("cap_raised", None)
+    memo.pop("cap_raised_at", None)
+
+
 def _cap(memo: dict, g: Gauges) -> int | None:
     """The running cap measured on this pool's endpoints (another set of endpoints has another)."""
     cap = memo.get("cap")
@@ -664,8 +670,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     probing.failed(memo, s.width, target, params, probed=probed)
     if above:
         memo["cap"], memo["cap_endpoints"], memo["cap_lane"] = target, memo.get("endpoints"), True
-        memo.pop("cap_raised", None)
-        memo.pop("cap_raised_at", None)
+        _end_raise_streak(memo)
         memo["lane_call"] = call
         if _began_at_change(s):
             # The interval began at the growth: calls begun at the old width and the new ones'
@@ -849,8 +854,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                 memo["cap_read_at"] = width
                 memo["cap_check"] = True  # read again at the next decision: _first_cap_outrun
             memo["capped_at"] = running  # the width a cut to it leaves: see above
-            memo.pop("cap_raised", None)
-            memo.pop("cap_raised_at", None)
+            _end_raise_streak(memo)
             memo.pop("cap_lane", None)
         # Work waiting while the cache has room: the running count is the cap, however old the
         # reading (the backend was full then), so the cut goes all the way to it at once.
