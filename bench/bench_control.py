@@ -327,7 +327,7 @@ def main(argv: list[str]) -> int:
         print(f"({time.monotonic() - started:.0f} s)")
         return 0
     print(f"{'scenario':40} {'law':20} {'settle':>7} {'range':>14} {'changes':>7} {'cuts':>5} {'recover':>7} "
-          f"{'over':>6} {'idle':>6} {'over req':>8}")
+          f"{'over':>6} {'idle':>6} {'over req':>8} {'room':>6}")
     chosen = field_scenarios(args.smoke) if args.field else scenarios(args.smoke) + field_scenarios(args.smoke)
     if args.before:
         old = laws_at(args.before)
@@ -349,7 +349,8 @@ def main(argv: list[str]) -> int:
             print(f"{scenario.name:40} {name:20} {settle if settle is not None else 'never':>7} "
                   f"{f'{low}..{high}':>14} {run.changes:>7} {run.cuts:>5} "
                   f"{recovery(run.widths, scenario.start_width):>7} {run.over_admission:>6.0%} "
-                  f"{run.idle_slots:>6.0%} {run.over_requests:>8.1%}"
+                  f"{run.idle_slots:>6.0%} {run.over_requests:>8.1%} "
+                  + (f"{run.over_room:>6.1%}" if harness is simulate_on_engines else f"{'':>6}")
                   + (f"  itl p95 {run.itl_p95 * 1000:.0f} ms" if run.itl_p95 is not None else ""), flush=True)
     physical_table({**GAUGE_LAWS, "ours (utilisation)": ours("utilisation")}, args.smoke)
     physical_field_table(GAUGE_LAWS, args.smoke)

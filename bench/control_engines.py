@@ -134,6 +134,7 @@ def simulate_on_engines(sc: Scenario, decide: Decide, per_request: PerRequest | 
             admitted_at, _gen, _bg = held.pop(id(request))
             run.served += 1
             run.waited += request.left_waiting  # left waiting by a schedule, or preempted
+            run.waited_for_room += request.waited_for_room
             completions += 1
             served_seconds += now - admitted_at
             release(now, Outcome(False, request.left_waiting, now - admitted_at, in_flight, width))

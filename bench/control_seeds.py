@@ -7,7 +7,8 @@
 One seed (7, the tables above) is one draw of service times, scrape lags and failed
 scrapes; a law tuned against it can hold only there. Each row here runs a law on the
 same scenario with seeds 7, 8, ... and prints the mean and the worst: the share of
-requests that waited in vLLM (or an engine's queue), the idle share, how many runs
+requests that waited in vLLM (or an engine's queue), the mean share of them that waited for a
+slot or the KV cache (``room``: not only for a step's token budget), the idle share, how many runs
 settled within +-10 % of the capacity, and the lowest and highest width of the runs'
 last halves. The engines' field scenarios run, less F0 (an hour each) and F10 (bound by
 latency, which has its own row above); then the physical engines' field scenarios.
@@ -49,13 +50,13 @@ def _run(job: tuple[str, str, str, int, bool]) -> tuple[str, str, dict]:
         law = bc.oracles(scenario)[law_name] if law_name.startswith("oracle") else laws[law_name]
         run = simulate_on_engines(scenario, *law) if isinstance(law, tuple) else simulate_on_engines(scenario, law)
         low, high = run.range_after(since + (len(run.widths) - since) // 2)
-        return name, law_name, {"over": run.over_requests, "idle": run.idle_slots, "low": low, "high": high,
+        return name, law_name, {"over": run.over_requests, "room": run.over_room, "idle": run.idle_slots, "low": low, "high": high,
                                 "settled": run.cycles_to_settle(since) is not None}
     scenario = replace(next(sc for sc in cp.field_scenarios(smoke) if sc.name == name), seed=seed)
     law = bc.GAUGE_LAWS.get(law_name) or cp.fixed(scenario.max_num_seqs * scenario.replicas)
     run = cp.simulate_physical(scenario, law)
     tail = run.widths[len(run.widths) // 2:]
-    return name, law_name, {"over": run.over_requests, "tokens": run.tokens_per_s, "low": min(tail),
+    return name, law_name, {"over": run.over_requests, "room": run.over_room, "tokens": run.tokens_per_s, "low": min(tail),
                             "high": max(tail)}
 
 
@@ -70,7 +71,7 @@ def print_spread(seeds: int, smoke: bool, first: int = FIRST_SEED) -> None:
             found.setdefault((name, law), []).append(row)
     print()
     print(f"over {seeds} seeds ({first}..{first + seeds - 1}): mean and worst of each run's figure")
-    print(f"{'scenario':40} {'law':20} {'over req':>8} {'worst':>6} {'idle':>5} {'worst':>6} {'settled':>7} "
+    print(f"{'scenario':40} {'law':20} {'over req':>8} {'worst':>6} {'room':>6} {'idle':>5} {'worst':>6} {'settled':>7} "
           f"{'widths':>10}")
     for (name, law), rows in found.items():
         over = [r["over"] for r in rows]
@@ -81,4 +82,6 @@ def print_spread(seeds: int, smoke: bool, first: int = FIRST_SEED) -> None:
             rest = f"{statistics.fmean(idle):5.0%} {max(idle):6.0%} {settled:>7}"
         else:
             rest = f"{statistics.fmean(r['tokens'] for r in rows):>12.0f} tokens/s"
-        print(f"{name:40} {law:20} {statistics.fmean(over):8.1%} {max(over):6.1%} {rest} {widths:>10}", flush=True)
+        room = statistics.fmean(r["room"] for r in rows)
+        print(f"{name:40} {law:20} {statistics.fmean(over):8.1%} {max(over):6.1%} {room:6.1%} {rest} {widths:>10}",
+              flush=True)

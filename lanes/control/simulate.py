@@ -112,6 +112,9 @@ class Run:
     peak_running_over: int = 0  # the most the backend ran above its capacity
     admitted: int = 0
     waited: int = 0  # requests that waited in a replica's queue (vLLM's waiting)
+    # Of those, the ones that waited for a slot or the KV cache (or were preempted), not only for
+    # a step's token budget: the physical engines' harnesses count them (0 in this one).
+    waited_for_room: int = 0
     itl_late: list = field(default_factory=list)  # exact inter-token latencies over the run's second half
     itl_buckets: list | None = None  # or their histogram, as an engine counts them (cumulative)
 
@@ -128,6 +131,12 @@ class Run:
     def over_requests(self) -> float:
         """Share of admitted requests that waited in vLLM's queue or were answered 529."""
         return (self.waited + self.rejected) / self.admitted if self.admitted else 0.0
+
+    @property
+    def over_room(self) -> float:
+        """Share of admitted requests that waited for a slot or KV room, or were answered 529: over
+        the width the backend can run, as no width at or below it would have made them wait."""
+        return (self.waited_for_room + self.rejected) / self.admitted if self.admitted else 0.0
 
     @property
     def over_admission(self) -> float:

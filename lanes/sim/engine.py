@@ -71,6 +71,10 @@ class SimRequest:
     blocks: int = 0
     skipped: bool = False
     left_waiting: bool = False  # a schedule found it and left it waiting (the gauge's own count)
+    # Left waiting at least once because the batch was full (max_num_seqs) or the KV cache had no
+    # room (or preempted), not only for a step's token budget: what a narrower width would avoid.
+    waited_for_room: bool = False
+    room_mark: int = 0  # the engine's count of schedules stalled for room when it joined the queue
     first_scheduled: float | None = None
     stall_until: float = 0.0
     due: float | None = None
@@ -112,11 +116,13 @@ class EngineCore:
         self.counters = EngineCounters()
         self.published = PublishedGauges()
         self.max_running = 0
+        self.room_stalls = 0  # schedules whose queue head found no room (see SimRequest.waited_for_room)
 
     # --- requests in and out ---------------------------------------------------
 
     def add(self, request: SimRequest) -> None:
         request.state = WAITING
+        request.room_mark = self.room_stalls
         self.waiting.append(request)
 
     def abort(self, request: SimRequest) -> None:
@@ -206,6 +212,8 @@ class EngineCore:
         # As vLLM: a step that had to preempt admits nobody new.
         preempted = self.counters.preemptions > preemptions
         admitted = False if preempted else self._admit(now, step, budget)
+        if preempted or self._head_without_room(now):
+            self.room_stalls += 1
         if step.decode or step.prefill:
             prefill_tokens = sum(n for _, n in step.prefill)
             context = sum(r.prompt_tokens + r.generated for r in step.decode)
@@ -227,6 +235,17 @@ class EngineCore:
         # schedule none of them; with none left it stays idle, gauges unchanged.
         return admitted or self.step is not None or bool(self.waiting) or bool(self.running)
 
+    def _head_without_room(self, now: float) -> bool:
+        """Whether the first request the queue holds now waits for a slot or KV blocks (everything
+        behind it waits as long): not for the step's token budget, which the next step renews."""
+        head = next((r for r in self.waiting if r.queued_at <= now and r.defer_until <= now), None)
+        if head is None:
+            return False
+        if len(self.running) >= self.model.capacity:
+            return True
+        tokens = head.prompt_tokens + (head.max_tokens if head.service_s is not None else head.generated)
+        return self.model.blocks_for(tokens) > self.free_blocks
+
     def _grow(self, request: SimRequest) -> bool:
         """Reserve the block for ``request``'s next token, preempting the newest
         requests until it fits; False when ``request`` itself was preempted."""
@@ -245,7 +264,7 @@ class EngineCore:
         self._free(request)
         request.computed = 0
         request.state = WAITING
-        request.left_waiting = True
+        request.left_waiting = request.waited_for_room = True
         self.waiting.appendleft(request)
         self.counters.preemptions += 1
 
@@ -268,6 +287,7 @@ class EngineCore:
             if need > self.free_blocks or (not fixed and budget <= 0):
                 break
             self.waiting.popleft()
+            request.waited_for_room |= self.room_stalls > request.room_mark
             request.state, request.blocks = RUNNING, need
             self.used_blocks += need
             self.running.append(request)

@@ -254,3 +254,33 @@ def test_any_mix_of_arrivals_and_aborts_keeps_the_books_and_ends_every_request(c
     assert all(r.generated == r.max_tokens for r in requests if r.state == "finished")
     finished = sum(r.state == "finished" for r in requests)
     assert sum(core.counters.success.values()) == finished and core.counters.aborted == len(requests) - finished
+
+
+def test_a_request_left_waiting_for_a_slot_waited_for_room_one_left_for_the_token_budget_did_not():
+    # The control benchmark tells over-admission (a width above what the engine runs) from the
+    # engine's own pacing of prompts (a step's token budget), which any width meets.
+    core, clock = engine(capacity=1, metrics_lag_s=0.0)
+    first, second = chat(tokens=3), chat(tokens=3)
+    core.add(first)
+    clock.add(second)
+    clock.run()
+    assert first.state == second.state == "finished"
+    assert (first.left_waiting, first.waited_for_room) == (False, False)
+    assert (second.left_waiting, second.waited_for_room) == (True, True)  # the batch of 1 was full
+
+    core, clock = engine(capacity=8, max_num_batched_tokens=100, metrics_lag_s=0.0)
+    first, second = chat(prompt=100, tokens=3), chat(prompt=100, tokens=3)
+    core.add(first)
+    clock.add(second)
+    clock.run()
+    assert first.state == second.state == "finished"
+    assert (second.left_waiting, second.waited_for_room) == (True, False)  # the budget, renewed next step
+
+
+def test_a_preempted_request_waited_for_room():
+    core, clock = engine(capacity=8, kv_blocks=10, block_size=16, ttft_ms=10, per_token_ms=10)
+    old = clock.add(chat(prompt=60, tokens=60))  # 4 blocks, needs 8 by its end
+    new = clock.add(chat(prompt=60, tokens=60))
+    clock.run()
+    assert core.counters.preemptions >= 1
+    assert new.waited_for_room and not old.waited_for_room
