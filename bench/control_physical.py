@@ -21,8 +21,8 @@ of lag, failed scrapes, a long-context burst that makes the KV cache bind, a
 load below what the engines can run, answers of varied length. There,
 over-admission is the share of requests that waited in an engine's queue
 (vLLM's ``num_requests_waiting``) or were preempted: what a width above what
-the engines can run costs. Beside it, **room**: those of them that waited for a
-slot (``max_num_seqs``) or the KV cache, or were preempted. The rest waited only
+the engines can run costs. Beside it, **room**, a part of it: the requests that
+waited for a slot (``max_num_seqs``) or the KV cache, or were preempted. The rest waited only
 for a step's token budget (about 7 prompts of 1,000 tokens a step), which a burst
 of admissions meets at any width: a fixed width at the engines' bound pays it at
 its start.
@@ -262,7 +262,7 @@ def print_field_table(laws: dict[str, Decide], smoke: bool) -> None:
     print()
     print("physical backend in the field: the engines above, a scrape at most every 12 s, 3-6 s old, a "
           "decision every 5 s; over = requests that waited in an engine's queue or were preempted; room = "
-          "those of them that waited for a slot or the KV cache (or were preempted), not only for a "
+          "the part of them that waited for a slot or the KV cache (or were preempted), not only for a "
           "step's token budget")
     print(f"{'scenario':36} {'law':20} {'width (last half)':>18} {'running':>9} {'over':>6} {'room':>6} "
           f"{'ITL ms':>7} {'TTFT p50':>9} {'tokens/s':>9} {'preempt':>8}")

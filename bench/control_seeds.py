@@ -7,10 +7,10 @@
 One seed (7, the tables above) is one draw of service times, scrape lags and failed
 scrapes; a law tuned against it can hold only there. Each row here runs a law on the
 same scenario with seeds 7, 8, ... and prints the mean and the worst: the share of
-requests that waited in vLLM (or an engine's queue), the mean share of them that waited for a
-slot or the KV cache (``room``: not only for a step's token budget), the idle share, how many runs
-settled within +-10 % of the capacity, and the lowest and highest width of the runs'
-last halves. The engines' field scenarios run, less F0 (an hour each) and F10 (bound by
+requests that waited in vLLM (or an engine's queue); the mean share that waited for a
+slot or the KV cache (``room``, a part of the first: not only for a step's token
+budget); the idle share, how many runs settled within +-10 % of the capacity, and the
+lowest and highest width of the runs' last halves. The engines' field scenarios run, less F0 (an hour each) and F10 (bound by
 latency, which has its own row above); then the physical engines' field scenarios.
 """
 
@@ -50,14 +50,14 @@ def _run(job: tuple[str, str, str, int, bool]) -> tuple[str, str, dict]:
         law = bc.oracles(scenario)[law_name] if law_name.startswith("oracle") else laws[law_name]
         run = simulate_on_engines(scenario, *law) if isinstance(law, tuple) else simulate_on_engines(scenario, law)
         low, high = run.range_after(since + (len(run.widths) - since) // 2)
-        return name, law_name, {"over": run.over_requests, "room": run.over_room, "idle": run.idle_slots, "low": low, "high": high,
-                                "settled": run.cycles_to_settle(since) is not None}
+        return name, law_name, {"over": run.over_requests, "room": run.over_room, "idle": run.idle_slots,
+                                "low": low, "high": high, "settled": run.cycles_to_settle(since) is not None}
     scenario = replace(next(sc for sc in cp.field_scenarios(smoke) if sc.name == name), seed=seed)
     law = bc.GAUGE_LAWS.get(law_name) or cp.fixed(scenario.max_num_seqs * scenario.replicas)
     run = cp.simulate_physical(scenario, law)
     tail = run.widths[len(run.widths) // 2:]
-    return name, law_name, {"over": run.over_requests, "room": run.over_room, "tokens": run.tokens_per_s, "low": min(tail),
-                            "high": max(tail)}
+    return name, law_name, {"over": run.over_requests, "room": run.over_room, "tokens": run.tokens_per_s,
+                            "low": min(tail), "high": max(tail)}
 
 
 def print_spread(seeds: int, smoke: bool, first: int = FIRST_SEED) -> None:
@@ -71,8 +71,8 @@ def print_spread(seeds: int, smoke: bool, first: int = FIRST_SEED) -> None:
             found.setdefault((name, law), []).append(row)
     print()
     print(f"over {seeds} seeds ({first}..{first + seeds - 1}): mean and worst of each run's figure")
-    print(f"{'scenario':40} {'law':20} {'over req':>8} {'worst':>6} {'room':>6} {'idle':>5} {'worst':>6} {'settled':>7} "
-          f"{'widths':>10}")
+    print(f"{'scenario':40} {'law':20} {'over req':>8} {'worst':>6} {'room':>6} {'idle':>5} {'worst':>6} "
+          f"{'settled':>7} {'widths':>10}")
     for (name, law), rows in found.items():
         over = [r["over"] for r in rows]
         widths = f"{min(r['low'] for r in rows)}..{max(r['high'] for r in rows)}"
