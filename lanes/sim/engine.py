@@ -243,8 +243,12 @@ class EngineCore:
             return False
         if len(self.running) >= self.model.capacity:
             return True
-        tokens = head.prompt_tokens + (head.max_tokens if head.service_s is not None else head.generated)
-        return self.model.blocks_for(tokens) > self.free_blocks
+        return self._blocks_to_admit(head) > self.free_blocks
+
+    def _blocks_to_admit(self, request: SimRequest) -> int:
+        """The KV blocks ``request`` takes when admitted (a fixed-time request holds its whole answer's)."""
+        fixed = request.service_s is not None
+        return self.model.blocks_for(request.prompt_tokens + (request.max_tokens if fixed else request.generated))
 
     def _grow(self, request: SimRequest) -> bool:
         """Reserve the block for ``request``'s next token, preempting the newest
@@ -282,8 +286,7 @@ class EngineCore:
                 skipped.append(request)
                 continue
             fixed = request.service_s is not None
-            tokens = request.prompt_tokens + (request.max_tokens if fixed else request.generated)
-            need = m.blocks_for(tokens)
+            need = self._blocks_to_admit(request)
             if need > self.free_blocks or (not fixed and budget <= 0):
                 break
             self.waiting.popleft()
