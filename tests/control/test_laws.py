@@ -286,13 +286,43 @@ def test_a_cut_to_the_running_cap_that_queues_again_goes_below_the_lanes_count()
         return vllm_law(Signals(width=width, in_flight=width, waiting=50, width_age_seconds=30.0,
                                 gauges=gauges(running, waiting, waiting, kv=0.46)), WIDE, VLLM, memo)
 
-    memo = {}
+    memo = {"last_width": 60}  # 109 came of a growth: its queue may be the growth's prefill backlog
     assert reading(memo, 109, 94, 6).width == 103
     again = reading(memo, 103, 95, 1)
     assert again.width == 99 and memo["cap"] == 99  # 102 less the 2.04 in transit
-    # Work waiting at a width no cut to the running cap came to is the lane's count, as before.
-    memo = {}
+    # Work waiting at a width no cut to the running cap came to, after a growth, is the lane's
+    # count, as before.
+    memo = {"last_width": 60}
     assert reading(memo, 103, 95, 1).width == 102
+
+
+def test_a_probe_step_that_queues_work_is_cut_below_the_lanes_count():
+    # Capacity 100, gauges with 10 % noise. A probe from 100 to 105: the reading shows 103 running
+    # and 3 waiting (5 wait). By the lane's count 102 ran; the two requests in transit a reading
+    # may miss take it to 100. Read as 103, the cap stood there and every request admitted waited
+    # for three decisions, until a reading took it down.
+    def reading(memo, running, waiting, before):
+        memo["last_width"] = before
+        vllm_law(Signals(width=105, in_flight=105, waiting=50, gauges=None, width_age_seconds=5.0), WIDE, VLLM, memo)
+        return vllm_law(Signals(width=105, in_flight=105, waiting=50, width_age_seconds=10.0,
+                                gauges=gauges(running, waiting, waiting, kv=0.45)), WIDE, VLLM, memo)
+
+    memo = {}
+    cut = reading(memo, 103, 3, before=100)
+    assert cut.width == 100 and memo["cap"] == 100
+    # A gauge that reads less than the lane's count (100 running, 4 waiting: one in transit)
+    # stands as read.
+    assert reading({}, 100, 4, before=100).width == 100
+    # After a growth (60 -> 105) the queue may be the growth's prefill backlog: the gauge's count
+    # stands, a first measurement a probe confirms.
+    cut = reading({}, 103, 3, before=60)
+    assert cut.width == 103 and "to be confirmed" in cut.reason
+    # At a small width the two in transit are a large share of it: the count stands there too.
+    memo = {"last_width": 3}
+    vllm_law(Signals(width=3, in_flight=3, waiting=5, gauges=None, width_age_seconds=5.0), WIDE, VLLM, memo)
+    cut = vllm_law(Signals(width=3, in_flight=3, waiting=5, width_age_seconds=10.0,
+                           gauges=gauges(2, 1, 1, kv=0.05)), WIDE, VLLM, memo)
+    assert cut.width == 2
 
 
 def test_a_first_caps_probe_that_no_reading_judged_is_tried_again_after_one_reading():
@@ -361,8 +391,29 @@ def test_a_first_cap_with_no_more_waiting_than_a_width_just_over_it_stands_at_on
     held = vllm_law(Signals(width=100, in_flight=100, waiting=50, gauges=gauges(100, kv=0.93)), WIDE, VLLM, memo)
     assert held.width == 100 and "no probe above it" in held.reason
     # Three waiting at 100 is more than a width just over the cap: a first measurement.
-    cut = vllm_law(Signals(width=104, in_flight=104, waiting=50, gauges=gauges(100, 3, 3, kv=0.94)), WIDE, VLLM, {})
+    cut = vllm_law(Signals(width=104, in_flight=104, waiting=50, gauges=gauges(100, 3, 3, kv=0.94)), WIDE, VLLM,
+                   {"last_width": 40})
     assert "to be confirmed" in cut.reason
+
+
+def test_a_first_cap_read_after_a_small_step_stands_with_a_probes_step_waiting():
+    # max_num_seqs binds at 512 (two engines of 256). A growth from 437 to 525 reads 512 running and
+    # 11 waiting: no more than a probe's step (26) waits, so this is what a probe of that step
+    # would have shown, and the cap stands. Its confirmation probe (538) made every request
+    # admitted while it ran wait behind the ones over the cap: about 190 of them an interval.
+    def cut_at(width, before, running, waiting):
+        memo = {"last_width": before}
+        return vllm_law(Signals(width=width, in_flight=width, waiting=500, width_age_seconds=10.0,
+                                gauges=gauges(running, waiting, waiting, kv=0.72)), WIDE, VLLM, memo)
+
+    cut = cut_at(525, 437, 512, 11)
+    assert cut.width == 512 and "to be confirmed" not in cut.reason
+    # More than a probe's step waiting: a first measurement, confirmed by a probe.
+    assert "to be confirmed" in cut_at(545, 437, 512, 30).reason
+    # After a x4 growth the tail of its prefill backlog can look the same (68 running, 4 waiting
+    # after 18 -> 72, on engines that run 512): taken for a cap, it held the pool at 68 all run.
+    cut = cut_at(72, 18, 68, 4)
+    assert cut.width == 68 and "to be confirmed" in cut.reason
 
 
 def test_a_first_cap_that_a_growth_ran_none_of_stands_at_once():
