@@ -414,6 +414,11 @@ def test_a_first_cap_read_after_a_small_step_stands_with_a_probes_step_waiting()
     # after 18 -> 72, on engines that run 512): taken for a cap, it held the pool at 68 all run.
     cut = cut_at(72, 18, 68, 4)
     assert cut.width == 68 and "to be confirmed" in cut.reason
+    # So can the width the law began at, which the lane admitted at once: 81 running and 4
+    # waiting at a configured 85, under a load below a capacity of 100, held 81 for 72 decisions.
+    cut = vllm_law(Signals(width=85, in_flight=85, waiting=0, width_age_seconds=None,
+                           gauges=gauges(81, 4, 4, kv=0.35)), WIDE, VLLM, {})
+    assert cut.width == 81 and "to be confirmed" in cut.reason
 
 
 def test_a_first_cap_that_a_growth_ran_none_of_stands_at_once():
