@@ -307,9 +307,9 @@ def _just_over(queued: float, running: float, width: int, memo: dict, params: di
 
 def _came_by_a_small_step(width: int, memo: dict) -> bool:
     """Whether the width came of a step up of at most ``SMALL_STEP`` (a probe's, not a growth's)
-    or of a cut (which admits nothing at once). Not the width the law began at: the lane admitted all of it at once (F9 seed 7 read 81
-    running and 4 waiting at its configured 85 under a load below capacity 100, and a cap of 81
-    stood for 72 decisions, idle 18 %)."""
+    or of a cut (which admits nothing at once). Not the width the law began at: the lane admitted
+    all of it at once (F9 seed 7 read 81 running and 4 waiting at its configured 85 under a load
+    below capacity 100, and a cap of 81 stood for 72 decisions, idle 18 %)."""
     before = memo.get("width_before")
     return before is not None and width <= before * SMALL_STEP
 
