@@ -594,6 +594,25 @@ def _began_at_change(s: Signals) -> bool:
     return s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0)
 
 
+def _before_ran_in_full(s: Signals, memo: dict, ran: float, done: int) -> bool:
+    """Whether a growth's own interval answered at least as the width before it ran (within the
+    count's noise): the growth then waits for a reading (every decision reads the gauges until
+    one judges it), not for these answers.
+
+    Most of them are of calls begun before the growth, and the growth's own calls answer late or
+    not at all within it: a call at a full batch lasts an interval or more, and a growth's
+    prompts wait for the step's token budget (216 take about 4 s to prefill on two engines).
+    Read as the growth's, the answers "showed" it queueing whenever calls ran longer than the
+    yardstick or ended in waves: 131 answers at 512 (from 454) "showed" 360 run at once, and the
+    pool went back to 452 and probed its way up again, a probe an interval of waiting; 74 at 128
+    (from 32) "showed" 22, and the start's growth was made twice. Answers clearly fewer than the
+    width before ran are the backend shrinking during the growth: judged as before."""
+    before = memo.get("width_before")
+    if before is None or before >= s.width or not _began_at_change(s):
+        return False
+    return before - ran <= max(1.0, before * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
+
+
 def _within_gauge_cap(width: int, memo: dict) -> bool:
     """Whether ``width`` is at or below a running cap the gauges measured (max_num_seqs binding,
     exact) on the endpoints the lane reads now. A growth back there is left to the readings: the
@@ -665,6 +684,8 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # The interval's count of answers varies by about its square root: fewer answers, a wider margin.
         margin = max(1.0, s.in_flight * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
     if margin is None or s.in_flight - ran <= margin:
+        return None
+    if above and not again and _before_ran_in_full(s, memo, ran, done):
         return None
     if not again and not memo.get("was_full"):
         # In flight is a count at one instant, the answers a mean over the interval: under a

@@ -561,14 +561,17 @@ def test_a_growth_back_to_a_cap_the_lane_measured_waits_for_answers_of_its_own_w
 
 
 def test_a_growth_whose_answers_show_no_more_run_than_before_goes_back_to_the_width_before_it():
-    # 100 ran with nothing waiting, the KV room said 208; the next interval's 151 answers at a
-    # yardstick of 3.48 s "show" 105 run at once: within the count's noise of the 100 before the
-    # growth. Back to 100, not 105 (where every request admitted until the next reading waits).
+    # 100 ran with nothing waiting, the KV room said 208; the interval after the growth's own,
+    # 151 answers at a yardstick of 3.48 s "show" 105 run at once: within the count's noise of
+    # the 100 before the growth. Back to 100, not 105 (where every request admitted until the
+    # next reading waits).
     memo = {"proven": 99, "endpoints": 2, "call_s": 3.48, "call_width": 100, "call_at": 0, "decisions": 5,
             "was_full": True, "width_before": 100}
     s = Signals(width=208, in_flight=208, waiting=1000, completions=151, window_seconds=5.0,
-                served_concurrency=151 * 6.9 / 5.0, width_age_seconds=5.0)
+                served_concurrency=151 * 6.9 / 5.0, width_age_seconds=10.0)
     assert _lane_evidence(s, WIDE, VLLM, dict(memo)).width == 100
+    # In the growth's own interval the same answers are of calls begun at 100: they judge nothing.
+    assert _lane_evidence(replace(s, width_age_seconds=5.0), WIDE, VLLM, dict(memo)) is None
     # Answers that show clearly more than the width before: back to what ran.
     more = replace(s, completions=200, served_concurrency=200 * 6.9 / 5.0)
     assert _lane_evidence(more, WIDE, VLLM, dict(memo)).width == 139
@@ -661,17 +664,28 @@ def test_a_growth_above_what_a_reading_proved_is_undone_by_the_lanes_answers_bef
     # A reading: 40 run, nothing waits; 200 answers of 1 s each: the yardstick. The room: x4.
     assert vllm_law(answers(40, 200, g=gauges(40, kv=0.2)), WIDE, VLLM, memo).width == 160
     # No reading for two more decisions, but 160 in flight answer only 475 in 5 s: at 1 s a call
-    # the backend ran 95 at once; the other 65 wait in vLLM.
-    cut = vllm_law(answers(160, 475, age=5.0), WIDE, VLLM, memo)
+    # the backend ran 95 at once; the other 65 wait in vLLM. In the growth's own interval that is
+    # more than the 40 before it ran, so the growth waits for the answers of calls begun at 160
+    # (or a reading) to judge it: on the engines a growth's prompts wait for the step's budget.
+    assert vllm_law(answers(160, 475, age=5.0), WIDE, VLLM, memo).decision == "hold"
+    cut = vllm_law(answers(160, 475, age=10.0), WIDE, VLLM, memo)
     assert cut.width == 95 and cut.decision == "cut" and "95 run at once" in cut.reason
-    # The next reading shows 95 running with room in the cache: no jump into the room again. The
-    # lane measured the cap in the interval of the growth, where its answers read low (calls
-    # begun at 40, the new ones' prefills): the reading probes above it, +5 %, as it would above
-    # a first measurement by the gauges, and a probe that runs more raises it.
-    probe = vllm_law(answers(95, 475, g=gauges(95, kv=0.475), age=10.0), WIDE, VLLM, memo)
-    assert probe.width == 100 and "probe above the running cap 95" in probe.reason
-    raised = vllm_law(answers(100, 500, g=gauges(100, kv=0.5), age=15.0), WIDE, VLLM, memo)
-    assert raised.decision == "hold" and memo["cap"] == 100
+    # The next reading shows 95 running with room in the cache: no jump into the room again, and
+    # no probe above it for its back-off.
+    held = vllm_law(answers(95, 475, g=gauges(95, kv=0.475), age=10.0), WIDE, VLLM, memo)
+    assert held.decision == "hold" and "running cap 95: no probe above it" in held.reason
+    # The lane measured the cap in the interval of a growth where the width before ran short
+    # (calls begun at 40, the new ones' prefills, or a backend that shrank): the reading probes
+    # above it, +5 %, as it would above a first measurement by the gauges, and a probe that
+    # runs more raises it.
+    memo = {}
+    vllm_law(answers(40, 200, g=gauges(40, kv=0.2)), WIDE, VLLM, memo)
+    cut = vllm_law(answers(160, 100, age=5.0, call=1.0), WIDE, VLLM, memo)
+    assert cut.width == 40 and cut.decision == "cut"
+    probe = vllm_law(answers(40, 200, g=gauges(40, kv=0.2), age=10.0), WIDE, VLLM, memo)
+    assert probe.width == 42 and "probe above the running cap 40" in probe.reason
+    raised = vllm_law(answers(42, 210, g=gauges(42, kv=0.21), age=15.0), WIDE, VLLM, memo)
+    assert raised.decision == "hold" and memo["cap"] == 42
     # Measured by the lane in a later interval at one width, the cap keeps its back-off.
     memo = {"proven": 40, "endpoints": 1, "call_s": 1.0, "call_at": 1, "decisions": 5, "was_full": True,
             "full": True}
@@ -739,7 +753,8 @@ def test_few_answers_or_no_yardstick_leave_the_judging_to_the_readings():
 def test_calls_that_slow_with_the_batch_are_not_taken_for_waiting():
     memo = {}
     vllm_law(answers(20, 100, g=gauges(20, kv=0.02)), WIDE, VLLM, memo)  # 1 s a call at 20
-    assert vllm_law(answers(80, 185, age=5.0), WIDE, VLLM, memo).width == 37
+    assert vllm_law(answers(80, 185, age=5.0), WIDE, VLLM, memo).decision == "hold"  # its own interval
+    assert vllm_law(answers(80, 185, age=10.0), WIDE, VLLM, memo).width == 37
     # Settled at 37 with nothing waiting, a call takes 1.26 s: the steps slowed with the batch,
     # so the "waiting" was the batch's own pace. The lane's cap is dropped; readings judge.
     vllm_law(answers(37, 147, age=None), WIDE, VLLM, memo)
