@@ -594,6 +594,13 @@ def _began_at_change(s: Signals) -> bool:
     return s.width_age_seconds is not None and s.width_age_seconds <= (s.window_seconds or 0)
 
 
+def _count_noise(count: float, done: int) -> float:
+    """How far ``count`` may be off when read from ``done`` answers: the interval's count of
+    answers varies by about its square root (fewer answers, a wider margin), and never less than
+    ``LANE_MARGIN`` of it."""
+    return max(1.0, count * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
+
+
 def _before_ran_in_full(s: Signals, memo: dict, ran: float, done: int) -> bool:
     """Whether a growth's own interval answered at least as the width before it ran (within the
     count's noise): the growth then waits for a reading (every decision reads the gauges until
@@ -610,7 +617,7 @@ def _before_ran_in_full(s: Signals, memo: dict, ran: float, done: int) -> bool:
     before = memo.get("width_before")
     if before is None or before >= s.width or not _began_at_change(s):
         return False
-    return before - ran <= max(1.0, before * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
+    return before - ran <= _count_noise(before, done)
 
 
 def _within_gauge_cap(width: int, memo: dict) -> bool:
@@ -681,8 +688,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         memo["lane_cut"] = True  # one second look, no more
         margin = _rejudged(s, mean, call, params)
     else:
-        # The interval's count of answers varies by about its square root: fewer answers, a wider margin.
-        margin = max(1.0, s.in_flight * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
+        margin = _count_noise(s.in_flight, done)
     if margin is None or s.in_flight - ran <= margin:
         return None
     if above and not again and _before_ran_in_full(s, memo, ran, done):
