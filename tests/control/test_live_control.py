@@ -39,7 +39,11 @@ def document(controller) -> dict:
     }
 
 
-VLLM = {"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 1.0, "timeout_seconds": 1.0}
+# A measured running cap is probed above again after ``cap_backoff`` readings (24 by default):
+# how soon a grown backend is found. Here 8 readings of 1 s, so the growth 6 -> 12 below is
+# found well inside its 40 s on a loaded machine (at 24, the probe came 25-31 s after the growth
+# on two busy cores, and CI's slower decisions ran past 40 s).
+VLLM = {"kind": "vllm", "interval_seconds": 1.0, "scrape_seconds": 1.0, "timeout_seconds": 1.0, "cap_backoff": 8}
 
 
 class Load:
