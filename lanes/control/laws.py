@@ -392,8 +392,12 @@ LANE_TRANSIT_SHARE = 0.02
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
-# How often a probe that follows probes that held doubles its step (5 % -> 80 % at the default).
-PROBE_DOUBLINGS = 4
+# How often a probe that follows probes that held doubles its step (5 % -> 40 % at the default).
+# An 80 % step admits its prompts at once and most wait for the engines' token budget (physical
+# P2 seed 7: 251 -> 452, 198 of the next interval's 241 admissions waited); over twelve seeds a
+# cap of 40 % took P0 4.67 -> 4.00 %, P12 11.03 -> 9.80 %, the engines' mean 8.16 -> 8.05 %, but
+# P3 6.12 -> 6.59 % (journal, 2026-12-07).
+PROBE_DOUBLINGS = 3
 ANSWERS_KEPT = 8  # intervals of the lane's answers kept: 40 s at the default 5-s decision
 # A yardstick taken after a cut by the lane's evidence that is this much longer than the one the
 # cut was judged by: the calls slow with the batch (decode steps), which the lane's answers cannot
@@ -991,7 +995,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
                                     f"running cap {cap}")
             if not fresh:
                 return _hold(width, stale)
-            # Each probe that raised the cap doubles the next one's step (up to x16): a low
+            # Each probe that raised the cap doubles the next one's step (up to x8): a low
             # estimate is left in a few readings, not at 5 % a probe (a lane's cap of 37 read in
             # a growth's first interval took 250 s to reach 57 of 100; F2-F4 over twelve seeds:
             # idle 7 / 13 / 13 -> 5 / 8 / 10 %, requests that waited 4.7 / 4.3 / 4.9 -> 5.0 / 5.1 /
@@ -1095,7 +1099,7 @@ def _past_a_backlog(width: int, target: int, memo: dict, params: dict) -> tuple[
     and 18 waiting at 100), but the width it was read at is the best guess of the cap there is:
     the growth goes back to it, not into the KV room, which is twice the cap where max_num_seqs
     binds at half the cache (87 -> 208 for 100, and 107 requests waited). Above it, probes step
-    as a raised cap's do, the step doubling with each that holds (5, 10, 20, 40, then 80 % a
+    as a raised cap's do, the step doubling with each that holds (5, 10, 20, then 40 % a
     reading, within the KV room), so a backend that is much wider is reached in a few readings.
     The ceiling stands until a reading measures a running cap. Over twelve seeds: F12 8.3 -> 7.1
     %, F2 4.8 -> 3.8 %, physical P0 9.5 -> 6.5 %, P12 18.6 -> 13.0 % of requests waited (the

@@ -349,10 +349,10 @@ def test_a_first_caps_probe_that_no_reading_judged_is_tried_again_after_one_read
 def test_each_probe_that_raises_a_low_cap_doubles_the_next_step():
     # A lane's cap of 40, read in a growth's first interval, for a backend that runs 100: each
     # probe that runs raises it, and the next probe steps twice as far (5 %, 10 %, 20 %...), so
-    # a low estimate is left in a few readings, not at 5 % a probe.
-    memo = {"cap": 40, "cap_endpoints": 1, "cap_lane": True, "measured": 40, "failed": 144, "n": 3}
+    # a low estimate is left in a few readings, not at 5 % a probe; from the fourth on, +40 %.
+    memo = {"cap": 40, "cap_endpoints": 1, "cap_lane": True, "measured": 40, "failed": 400, "n": 3}
     widths = [42]
-    for _ in range(4):
+    for _ in range(5):
         width = widths[-1]
         ran = vllm_law(Signals(width=width, in_flight=width, waiting=1000, gauges=gauges(width, kv=0.2)), WIDE,
                        VLLM, memo)
@@ -361,9 +361,9 @@ def test_each_probe_that_raises_a_low_cap_doubles_the_next_step():
                          VLLM, memo)
         assert "probe above the running cap" in probe.reason
         widths.append(probe.width)
-    assert widths == [42, 47, 57, 80, 144]
+    assert widths == [42, 47, 57, 80, 112, 157]
     # A probe that fails measures the cap again, and the steps start over at 5 %.
-    vllm_law(Signals(width=144, in_flight=144, waiting=1000, gauges=gauges(100, 44, 44, kv=0.5)), WIDE, VLLM, memo)
+    vllm_law(Signals(width=157, in_flight=157, waiting=1000, gauges=gauges(100, 57, 57, kv=0.5)), WIDE, VLLM, memo)
     assert memo["cap"] == 100 and "cap_raised" not in memo
 
 
@@ -1009,14 +1009,14 @@ def test_a_first_cap_a_probe_ran_past_sends_the_width_back_to_where_it_was_read_
     assert found.width == 100 and "to be confirmed" not in found.reason
     assert "backlog_ceiling" not in memo
     # A backend far wider than the width the backlog was read at: each probe that holds doubles
-    # the next one's step (5, 10, 20, 40, then 80 %), within the KV room.
+    # the next one's step (5, 10, 20, then 40 %), within the KV room.
     memo = {}
     step(100, gauges(82, 18, 18, kv=0.35), age=None)
     step(82, gauges(82, kv=0.10))
     widths = [step(87, gauges(87, kv=0.10)).width]
     for _ in range(6):
         widths.append(step(widths[-1], gauges(widths[-1], kv=0.10)).width)
-    assert widths == [100, 105, 116, 140, 196, 353, 636]
+    assert widths == [100, 105, 116, 140, 196, 275, 385]
 
 
 def test_a_first_cap_outrun_while_the_lane_drains_the_cut_sends_the_width_back_at_once():
