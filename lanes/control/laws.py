@@ -827,7 +827,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     if memo.get("last_width") not in (None, width):
         memo["width_before"] = memo["last_width"]  # what the lane's answers judge a growth against
     memo["last_width"] = width
-    backlog = _first_cap_outrun(s, g, bounds, memo)
+    backlog = _first_cap_outrun(s, g, bounds, params, memo)
     if backlog is not None:
         return backlog
     if not saturated:
@@ -1046,7 +1046,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     return _growth(width, target, bounds, g, f"KV cache {g.kv_usage:.0%} used: room for {room}; grow to {bound}")
 
 
-def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) -> Proposal | None:
+def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, params: dict, memo: dict) -> Proposal | None:
     """A first running cap outrun while the lane drains the cut to it: back where it was read.
 
     A first cap read within the gauges' lag of a growth can be the growth's prompts waiting for
@@ -1066,10 +1066,12 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) 
         return None
     cap, read_at = _cap(memo, g), memo.get("cap_read_at")
     ran = int(g.running + g.held)
-    if cap is None or read_at is None or s.width > cap or ran <= cap + max(_in_transit(cap), CAP_AGREES * cap):
+    if cap is None or read_at is None or s.width > cap:
         return None
-    target = bounds.clamp(min(read_at, max(ran, s.in_flight)))
     queued = _queued(g)
+    if ran <= cap + max(_in_transit(cap), CAP_AGREES * cap):
+        return _first_cap_read_again(s.width, cap, ran, queued, params, memo)
+    target = bounds.clamp(min(read_at, max(ran, s.in_flight)))
     if queued > _in_transit(ran):
         # Work still waits at the higher count: a first cap again, of what ran (one address in front
         # of two replicas read 88, then 100 with 44 waiting, and the width went back to the 160 the
@@ -1090,6 +1092,25 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, memo: dict) 
         f"back towards the width {read_at} it was read at, as far as the {s.in_flight} in flight"
     return Proposal(target, "grow", f"{ran} running, more than the first running cap {cap}: it was a prefill "
                                     f"backlog; {toward}")
+
+
+def _first_cap_read_again(width: int, cap: int, ran: int, queued: float, params: dict,
+                          memo: dict) -> Proposal | None:
+    """A first running cap read again a decision after the cut to it, at the same count and with
+    work still waiting: it is max_num_seqs, and it stands with no probe to confirm it.
+
+    A prefill backlog drains between two readings (the step's token budget takes its prompts, and
+    the cut admits nothing new), so the running count grows or the queue empties. The same count
+    with a queue still there is the batch's limit. Its confirmation probe made every request
+    admitted while it lasted wait (physical P3 seed 7: 512 running, 175 then 125 waiting; the
+    probe to 538 made 375 requests wait over two intervals)."""
+    if abs(ran - cap) > _in_transit(cap) or queued <= _in_transit(ran):
+        return None
+    memo["cap_first"] = False
+    memo.pop("cap_read_at", None)
+    _cap_back_off(memo, params, probed=False)
+    return _hold(width, f"{ran} running again at the first running cap {cap}, {queued:g} still waiting: "
+                        f"the cap stands")
 
 
 def _past_a_backlog(width: int, target: int, memo: dict, params: dict) -> tuple[int, str] | None:

@@ -1063,6 +1063,38 @@ def test_a_first_cap_outrun_while_the_lane_drains_the_cut_sends_the_width_back_a
     assert memo["cap"] == 308
 
 
+def test_a_first_cap_read_again_at_its_count_with_work_still_waiting_stands_without_a_probe():
+    # Two engines of max_num_seqs 256. A growth to 691 is read at 512 running and 175 waiting: a
+    # first cap, to be confirmed. The reading at the next decision, while the lane drains the cut,
+    # sees 512 running again and 125 still waiting. A prefill backlog would have drained between
+    # the two (the cut admits nothing new): the same count with a queue is the batch's limit. It
+    # stands, and no probe follows until its back-off ends; the probe to 538 made 375 requests
+    # wait over two intervals on physical P3 seed 7.
+    memo = {}
+    cut = vllm_law(Signals(width=691, in_flight=691, waiting=900, width_age_seconds=5.0,
+                           gauges=gauges(512, 175, 175, kv=0.73)), WIDE, VLLM, memo)
+    assert cut.width == 512 and "to be confirmed" in cut.reason
+    again = vllm_law(Signals(width=512, in_flight=600, waiting=900, width_age_seconds=5.0,
+                             gauges=gauges(512, 125, 125, kv=0.73)), WIDE, VLLM, memo)
+    assert again.width == 512 and "the cap stands" in again.reason
+    assert not memo["cap_first"] and "cap_read_at" not in memo and memo["cap_backoff"] == VLLM["cap_backoff"]
+    for _ in range(3):
+        held = vllm_law(Signals(width=512, in_flight=512, waiting=900, width_age_seconds=10.0,
+                                gauges=gauges(509, kv=0.72)), WIDE, VLLM, memo)
+        assert held.width == 512, held.reason
+    # The queue gone by the second reading: it may have been a backlog the budget took, and the
+    # probe that confirms the cap follows at the next reading, as before.
+    memo = {}
+    vllm_law(Signals(width=691, in_flight=691, waiting=900, width_age_seconds=5.0,
+                     gauges=gauges(512, 175, 175, kv=0.73)), WIDE, VLLM, memo)
+    vllm_law(Signals(width=512, in_flight=600, waiting=900, width_age_seconds=5.0,
+                     gauges=gauges(512, kv=0.73)), WIDE, VLLM, memo)
+    assert memo["cap_first"]
+    probe = vllm_law(Signals(width=512, in_flight=512, waiting=900, width_age_seconds=10.0,
+                             gauges=gauges(509, kv=0.72)), WIDE, VLLM, memo)
+    assert probe.width > 512 and "probe above the running cap 512" in probe.reason
+
+
 def test_a_probe_is_judged_against_the_last_reading_at_the_width_below_it():
     # Capacity 100. The width ran all 100 with nothing waiting, and a probe took it to 105. The
     # reading in the probe's gauge lag still saw 100 and none waiting (of the width before); the
