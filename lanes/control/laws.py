@@ -1058,7 +1058,8 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, params: dict
     read at once, no higher than what is in flight, so only what ended since is admitted again;
     a probe after the drain admitted the whole growth a second time, and its prompts waited
     again (over twelve seeds: physical P0 8.3 -> 6.0 %, P12 15.2 -> 11.9 %, F11 6.5 -> 5.5 % of
-    requests waited; going back to the width itself, 7.1 / 14.7 / 5.9 %)."""
+    requests waited; going back to the width itself, 7.1 / 14.7 / 5.9 %). A reading that sees the
+    same count with work still waiting confirms the cap instead (:func:`_first_cap_read_again`)."""
     if g is None or not g.ok:
         return None
     check = memo.pop("cap_check", False)
