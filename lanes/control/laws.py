@@ -392,6 +392,9 @@ LANE_TRANSIT_SHARE = 0.02
 # Two measurements of the running cap this close (a share of the first) are the same cap.
 CAP_AGREES = 0.10
 LANE_MARGIN = 0.10
+# Answers short of what the lane keeps in flight by this share of the margin that cuts: not
+# proof of waiting in vLLM, but enough to read the gauges at the next decision (_answers_fall_short).
+READ_SOON = 0.3
 # How often a probe that follows probes that held doubles its step (5 % -> 40 % at the default).
 # An 80 % step admits its prompts at once and most wait for the engines' token budget (physical
 # P2 seed 7: 251 -> 452, 198 of the next interval's 241 admissions waited); over twelve seeds a
@@ -494,13 +497,44 @@ def _learn_from_reading(s: Signals, g: Gauges, params: dict, memo: dict) -> None
     # busy at it (its first interval) are a biased sample (the short ones end first).
     settled = s.width_age_seconds is None or (
         memo.get("last_width") == s.width and s.width_age_seconds >= (s.window_seconds or 0) + params["gauge_lag_seconds"])
-    if call is not None and queued <= 0 and settled:
+    looked_again = memo.pop("looked_again", False)
+    if call is not None and queued <= 0 and settled and not looked_again and _yardstick_contradicted(s, memo):
+        memo["read_soon"] = memo["looked_again"] = True
+    elif call is not None and queued <= 0 and settled:
         memo["call_s"], memo["call_at"], memo["call_width"] = call, memo.get("decisions", 0), s.width
         _keep_yardstick(memo, s.width, call)
         judged_by = memo.pop("lane_call", None)
         if judged_by is not None and call > judged_by * (1 + LANE_SLOWS) and memo.get("cap_lane"):
             memo["slows"] = True
             _forget_cap(memo)
+
+
+def _answers_fall_short(s: Signals, memo: dict, call: float, done: int, seconds: float) -> bool:
+    """Whether a lane kept full answered fewer than it keeps in flight, at ``call`` seconds a call,
+    by more than ``READ_SOON`` of the count's noise: too little to cut on (a cut needs the whole
+    margin), enough to read the gauges at the next decision (:func:`wants_reading`) instead of
+    at the scrape's cadence, since a drop in capacity makes every request admitted wait until a
+    reading shows it (F12, the KV cache binding at 60 of 100: the answers fell from about 148
+    to 128 and 118 an interval while the next scrape was 12 s away, and every one of the 490
+    requests admitted in those four intervals waited)."""
+    if not memo.get("was_full") or s.in_flight < s.width or seconds <= 0 or _began_at_change(s):
+        return False
+    ran = done / seconds * call
+    return s.in_flight - ran > max(LANE_MARGIN * s.in_flight, READ_SOON * _count_noise(s.in_flight, done))
+
+
+def _yardstick_contradicted(s: Signals, memo: dict) -> bool:
+    """Whether this interval's answers fall short against the yardstick taken at this width
+    (:func:`_answers_fall_short`) while the decision's reading saw nothing waiting. A reading is
+    3-6 s old and can predate a drop the answers already show (F12: 100 running, none waiting,
+    KV 47 %, five seconds after the KV cache began to bind at 60); taken as the yardstick, the
+    interval's calls, longer by the waiting, would hide the drop from the lane's evidence. The
+    yardstick is kept, and the gauges are read again at the next decision; a second reading
+    that sees nothing waiting stands (calls can lengthen for other reasons: longer prompts)."""
+    call = memo.get("call_s") if memo.get("call_width") == s.width else None
+    if call is None or not s.window_seconds:
+        return False
+    return _answers_fall_short(s, memo, call, s.completions, s.window_seconds)
 
 
 def _keep_yardstick(memo: dict, width: int, call: float) -> None:
@@ -675,6 +709,8 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # is shorter than the calls are now (1.28 s at 40, about 3 s at 88), and answers read
         # against it "showed" 39 run of 88 (F4, one address: the pool went to 39 and back).
         return None
+    if not again and _answers_fall_short(s, memo, call, *_answers_over(memo, s, call)):
+        memo["read_soon"] = True  # before any reading of this decision is heard: it may be stale
     g = s.gauges
     judged_after = g is not None and probing.evidence_after_change(s.width_age_seconds, g.age_seconds,
                                                                     params["gauge_lag_seconds"])
@@ -754,7 +790,10 @@ def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
         s = replace(s, gauges=g)
     proposal = _vllm_proposal(s, bounds, params, memo)
     if proposal.decision == "cut":
+        # Nothing to read early for: the next reading shows the width before the cut (a stale
+        # 91 running and 2 waiting after a cut to 27 stood as a cap of 91 for the rest of a run).
         memo.pop("unjudged_growth", None)
+        memo.pop("read_soon", None)
     if replicas > 1:
         proposal = replace(proposal, reason=f"{proposal.reason} (one address, read as one of {replicas} replicas: "
                                             f"its gauges x{replicas})")
@@ -762,10 +801,11 @@ def vllm_law(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Proposal:
 
 
 def wants_reading(memos: dict[str, dict]) -> bool:
-    """Whether a law waits for a reading to judge a growth: read the gauges at this decision,
-    whatever the scrape cadence."""
-    return any(isinstance(memo, dict) and (memo.get("unjudged_growth") or memo.get("cap_check"))
-               for memo in memos.values())
+    """Whether a law waits for a reading to judge a growth, or to see why the lane's answers fell
+    short (:func:`_answers_fall_short`): read the gauges at this decision, whatever the scrape
+    cadence."""
+    wanted = ("unjudged_growth", "cap_check", "read_soon")
+    return any(isinstance(memo, dict) and any(memo.get(key) for key in wanted) for memo in memos.values())
 
 
 # One address in front of several replicas (a Service, a balancer): each scrape reaches one of
@@ -821,6 +861,7 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
     in_flight_before, memo["in_flight"] = memo.get("in_flight"), s.in_flight
     if g is not None:
         probing.tick(memo)
+    memo.pop("read_soon", None)
     saturated, why = saturation(g, params) if g is not None and g.ok else (False, "")
     if g is not None and g.ok and g.complete:
         _learn_from_reading(s, g, params, memo)

@@ -732,6 +732,50 @@ def test_a_reading_inside_the_interval_that_saw_the_width_run_with_nothing_waiti
     assert vllm_law(seen, WIDE, VLLM, after_a_reading_at_64()).decision != "cut"
 
 
+def test_answers_that_fall_short_read_the_gauges_at_the_next_decision_and_a_stale_reading_keeps_the_yardstick():
+    # Settled at 100 with nothing waiting: 150 answers in 5 s, 3.33 s a call (the yardstick).
+    memo = {}
+    vllm_law(answers(100, 150, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert memo["call_s"] == 100 * 5.0 / 150 and not wants_reading({"vllm": memo})
+    # The KV cache starts to bind: 128 answers show about 85 run of the 100 in flight. Within the
+    # count's noise (no cut), but the next decision reads the gauges instead of waiting for the
+    # scrape's cadence (12 s).
+    short = vllm_law(answers(100, 128), WIDE, VLLM, memo)
+    assert short.decision == "hold" and wants_reading({"vllm": memo})
+    # That reading is 3-6 s old and still shows 100 running, nothing waiting: it cuts nothing, but
+    # the interval's calls (longer by the waiting) do not become the yardstick, and the gauges are
+    # read once more.
+    stale = vllm_law(answers(100, 118, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert stale.decision != "cut" and memo["call_s"] == 100 * 5.0 / 150 and wants_reading({"vllm": memo})
+    # The next one shows the drop: cut to what runs.
+    assert vllm_law(answers(100, 118, g=gauges(63, waiting=37, capacity=37, kv=0.99)), WIDE, VLLM, memo).width == 63
+
+
+def test_a_second_reading_that_sees_nothing_waiting_makes_the_longer_calls_the_yardstick():
+    memo = {}
+    vllm_law(answers(100, 150, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    vllm_law(answers(100, 118, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)  # kept, read again
+    assert memo["call_s"] == 100 * 5.0 / 150
+    # Nothing waits at the second look either: the calls are longer (longer prompts), not waiting.
+    vllm_law(answers(100, 118, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert memo["call_s"] == 100 * 5.0 / 118 and not wants_reading({"vllm": memo})
+
+
+def test_a_cut_by_the_lanes_answers_asks_for_no_early_reading():
+    # The next reading, 3-6 s old, would show the width before the cut: nothing to read early for.
+    memo = {}
+    vllm_law(answers(100, 500, g=gauges(100, kv=0.5)), WIDE, VLLM, memo)
+    assert vllm_law(answers(100, 250), WIDE, VLLM, memo).width == 50
+    assert not wants_reading({"vllm": memo})
+
+
+def test_answers_within_a_third_of_the_counts_noise_ask_for_no_reading():
+    memo = {}
+    vllm_law(answers(100, 150, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)
+    assert vllm_law(answers(100, 140), WIDE, VLLM, memo).decision == "hold"  # about 93 of 100 ran
+    assert not wants_reading({"vllm": memo})
+
+
 def test_a_lane_draining_a_cut_is_not_judged_by_its_answers():
     # Cut from 100 to 50: the 100 admitted before finish at the backend's pace. Their few answers
     # over the interval are not a backend that runs 4 at once (a pool once went to 7 that way).
