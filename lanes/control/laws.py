@@ -514,11 +514,11 @@ def _answers_fall_short(s: Signals, memo: dict, call: float, done: int, seconds:
     by more than ``LANE_MARGIN`` of it and ``READ_SOON`` of the count's noise (below that floor, a
     steady lane's noise read the gauges early, and the readings brought the cap's next probe
     sooner): too little to cut on (a cut needs the whole margin), enough to read the gauges at
-    the next decision (:func:`wants_reading`) instead of
-    at the scrape's cadence, since a drop in capacity makes every request admitted wait until a
-    reading shows it (F12, the KV cache binding at 60 of 100: the answers fell from about 148
-    to 128 and 118 an interval while the next scrape was 12 s away, and every one of the 490
-    requests admitted in those four intervals waited)."""
+    the next decision (:func:`wants_reading`) instead of at the scrape's cadence, since a drop in
+    capacity makes every request admitted wait until a reading shows it (F12, the KV cache
+    binding at 60 of 100: the answers fell from about 148 to 128 and 118 an interval while the
+    next scrape was 12 s away, and every one of the 490 requests admitted in those four
+    intervals waited)."""
     if not memo.get("was_full") or s.in_flight < s.width or seconds <= 0 or _began_at_change(s):
         return False
     ran = done / seconds * call
