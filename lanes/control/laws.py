@@ -641,7 +641,7 @@ def _count_noise(count: float, done: int) -> float:
     return max(1.0, count * max(LANE_MARGIN, 3 / math.sqrt(max(1, done))))
 
 
-def _before_ran_in_full(s: Signals, memo: dict, ran: float, done: int) -> bool:
+def _before_ran_in_full(s: Signals, memo: dict, call: float, ran: float, done: int) -> bool:
     """Whether a growth's own interval answered at least as the width before it ran (within the
     count's noise): the growth then waits for a reading (every decision reads the gauges until
     one judges it), not for these answers.
@@ -653,11 +653,33 @@ def _before_ran_in_full(s: Signals, memo: dict, ran: float, done: int) -> bool:
     yardstick or ended in waves: 131 answers at 512 (from 454) "showed" 360 run at once, and the
     pool went back to 452 and probed its way up again, a probe an interval of waiting; 74 at 128
     (from 32) "showed" 22, and the start's growth was made twice. Answers clearly fewer than the
-    width before ran are the backend shrinking during the growth: judged as before."""
+    width before ran are the backend shrinking during the growth: judged as before.
+
+    What the width before ran is what its own last answers showed by the same yardstick, where
+    that is less than the width: a yardstick taken at a smaller batch reads every interval short
+    (143 answers at 179 showed 139 run), and against the width itself the growth's 115 answers
+    "showed" the backend shrinking, and the growth to 251 went back to 177 and the way up again
+    made its admissions wait (over twelve seeds: F4 3.49 -> 2.72 %, physical P3 6.07 -> 5.20 %
+    of requests waited)."""
     before = memo.get("width_before")
     if before is None or before >= s.width or not _began_at_change(s):
         return False
-    return before - ran <= _count_noise(before, done)
+    return min(before, _ran_at(memo, before, call)) - ran <= _count_noise(before, done)
+
+
+def _ran_at(memo: dict, width: int, call: float) -> float:
+    """How many the lane's answers showed run at once at ``width`` over its last intervals there
+    (up to a call's span), at ``call`` seconds a call; ``width`` itself when none are kept."""
+    done, seconds = 0, 0.0
+    for kept_width, completions, window in reversed(memo.get("answers", [])[:-1]):
+        if kept_width != width:
+            if seconds:
+                break
+            continue
+        done, seconds = done + completions, seconds + window
+        if seconds >= call:
+            break
+    return done / seconds * call if seconds else width
 
 
 def _within_gauge_cap(width: int, memo: dict) -> bool:
@@ -733,7 +755,7 @@ def _lane_evidence(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         margin = _count_noise(s.in_flight, done)
     if margin is None or s.in_flight - ran <= margin:
         return None
-    if above and not again and _before_ran_in_full(s, memo, ran, done):
+    if above and not again and _before_ran_in_full(s, memo, call, ran, done):
         return None
     if not again and not memo.get("was_full"):
         # In flight is a count at one instant, the answers a mean over the interval: under a
@@ -1121,8 +1143,11 @@ def _first_cap_outrun(s: Signals, g: Gauges | None, bounds: Bounds, params: dict
         # of two replicas read 88, then 100 with 44 waiting, and the width went back to the 160 the
         # first was read at: 60 waited). It is checked as the first was, and a probe confirms or
         # forgets it (over twelve seeds: physical P0 6.0 -> 5.6 %, P12 11.9 -> 11.6 %; F4 seed 7
-        # settles in 8 decisions, where the way back to 160 took 11).
+        # settles in 8 decisions, where the way back to 160 took 11). The backend ran them: a
+        # width it was seen running is measured, and a failed scrape holds it, where it took the
+        # width back to the cap cut to before, as a probe above it (P2 seed 12: 399 -> 177 -> 399).
         memo["cap"], memo["capped_at"], memo["cap_check"] = ran, ran, True
+        memo["measured"] = ran
         memo["cap_quiet_until"] = memo.get("n", 0) + 1
         target = min(target, ran)
         why = f"{ran} running, more than the first running cap {cap}, and {queued:g} waiting: a first cap of {ran}"

@@ -579,6 +579,27 @@ def test_a_growth_whose_answers_show_no_more_run_than_before_goes_back_to_the_wi
     assert _lane_evidence(s, WIDE, VLLM, memo).width == 105
 
 
+def test_a_growths_own_interval_is_judged_against_what_the_width_before_answered_by_the_same_yardstick():
+    # Calls lengthen as the batch grows and a growth's prompts slow the steps they share: at 179
+    # the yardstick (4.87 s, taken at a smaller batch) read 143 answers as 139 run at once. The
+    # growth to 251 answered 115 in its own interval, 112 by the same yardstick: within the
+    # count's noise of what the width before showed (27 fewer), though 67 fewer than 179. It
+    # waits for a reading; it was cut back to 177 (physical P2 seed 10), and the way up again
+    # made 59 of the next admissions wait.
+    memo = {"proven": 177, "endpoints": 2, "call_s": 4.87, "call_width": 179, "call_at": 0, "decisions": 9,
+            "was_full": True, "width_before": 179, "answers": [[179, 133, 5.0], [179, 143, 5.0], [251, 115, 5.0]]}
+    growth = Signals(width=251, in_flight=251, waiting=1000, completions=115, window_seconds=5.0,
+                     served_concurrency=115 * 6.0 / 5.0, width_age_seconds=5.0)
+    assert _lane_evidence(growth, WIDE, VLLM, dict(memo)) is None
+    # Answers clearly fewer than the width before showed are the backend shrinking: judged.
+    fewer = dict(memo, answers=[[179, 133, 5.0], [179, 143, 5.0], [251, 60, 5.0]])
+    cut = _lane_evidence(replace(growth, completions=60, served_concurrency=60 * 6.0 / 5.0), WIDE, VLLM, fewer)
+    assert cut is not None and cut.decision == "cut" and cut.width == 177
+    # With no answers kept at the width before, it is judged against that width itself.
+    alone = dict(memo, answers=[[251, 115, 5.0]])
+    assert _lane_evidence(growth, WIDE, VLLM, alone).width == 177
+
+
 def test_a_small_first_cap_stands_without_a_probe_to_confirm_it():
     # Capacity 1: the growth to 2 shows 1 running and 1 waiting with the cache at 45 %. A probe
     # to confirm it would be +100 % for a reading (capacity 1 settled in 16 decisions); a
@@ -1098,6 +1119,13 @@ def test_a_first_cap_outrun_while_the_lane_drains_the_cut_sends_the_width_back_a
                              gauges=gauges(100, 44, 44, kv=0.46)), WIDE, VLLM, memo)
     assert again.width == 100 and "a first cap of 100" in again.reason
     assert memo["cap"] == 100 and memo["cap_first"] and memo["cap_check"] and "backlog_ceiling" not in memo
+    # The backend ran those 100: a failed scrape then holds them, as it holds any width the
+    # backend was seen running. It took the width back to the 88 cut before (a "probe" above the
+    # capacity measured then), and the way up again admitted the drained calls a second time
+    # (physical P2 seed 12: 399 -> 177 -> 399, and 221 of the 222 admitted again waited).
+    held = vllm_law(Signals(width=100, in_flight=100, waiting=900, width_age_seconds=5.0,
+                            gauges=Gauges(ok=False, error="timed out")), WIDE, VLLM, memo)
+    assert held.width == 100 and held.decision == "hold"
     # A count past the cap by no more than the requests in transit proves nothing.
     memo = {}
     vllm_law(Signals(width=512, in_flight=512, waiting=900, width_age_seconds=5.0,
