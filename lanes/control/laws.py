@@ -441,9 +441,15 @@ def _answers_over(memo: dict, s: Signals, call: float) -> tuple[int, float]:
     answered in one interval and left the next with 104 answers, which "showed" 267 run of 452
     and sent the pool back to 266 (twice in a run, and once from 452 to 92). Over a call's span
     every request in flight answers about once, whenever it was admitted."""
+    return _trailing_answers(memo.get("answers") or [[s.width, s.completions, s.window_seconds]], s.width, call)
+
+
+def _trailing_answers(answers: list, width: int, call: float) -> tuple[int, float]:
+    """The answers and their seconds of the last ``answers`` intervals kept at ``width``, back
+    until they span ``call`` seconds or the width differs."""
     done, seconds = 0, 0.0
-    for width, completions, window in reversed(memo.get("answers") or [[s.width, s.completions, s.window_seconds]]):
-        if width != s.width:
+    for kept_width, completions, window in reversed(answers):
+        if kept_width != width:
             break
         done, seconds = done + completions, seconds + window
         if seconds >= call:
@@ -669,16 +675,9 @@ def _before_ran_in_full(s: Signals, memo: dict, call: float, ran: float, done: i
 
 def _ran_at(memo: dict, width: int, call: float) -> float:
     """How many the lane's answers showed run at once at ``width`` over its last intervals there
-    (up to a call's span), at ``call`` seconds a call; ``width`` itself when none are kept."""
-    done, seconds = 0, 0.0
-    for kept_width, completions, window in reversed(memo.get("answers", [])[:-1]):
-        if kept_width != width:
-            if seconds:
-                break
-            continue
-        done, seconds = done + completions, seconds + window
-        if seconds >= call:
-            break
+    (up to a call's span) before this one, at ``call`` seconds a call; ``width`` itself when none
+    are kept."""
+    done, seconds = _trailing_answers(memo.get("answers", [])[:-1], width, call)
     return done / seconds * call if seconds else width
 
 
