@@ -255,6 +255,22 @@ def kv_room(g: Gauges, params: dict) -> int | None:
     return math.floor(g.running * params["kv_threshold"] / g.kv_usage)
 
 
+# A cache at its saturation threshold holds its running requests at its edge: each decode step
+# asks for more blocks, and the newest requests are preempted or kept waiting while the others
+# grow. A width at that count keeps the cache there, and one this share below it does not
+# (engines, capacity 100 -> 50 by the cache, F6 seed 3: at a width of 53 with 52-53 running at
+# 96-98 %, about a third of each interval's admissions waited; at 50, none. Over twelve seeds
+# F6 21.5 -> 17.8 %, F5 29.8 -> 27.6 %, F12 6.6 -> 5.9 % of requests waited).
+KV_EDGE_SHARE = 0.02
+
+
+def _kv_edge(running: int) -> int:
+    """The width a cut leaves when the KV cache, not ``max_num_seqs``, binds with ``running``
+    requests: a share below them (``KV_EDGE_SHARE``; one request at a count of 50 or fewer),
+    never below one."""
+    return max(1, math.floor(running * (1 - KV_EDGE_SHARE)))
+
+
 def _cap_back_off(memo: dict, params: dict, *, probed: bool) -> None:
     """The running cap was measured: no probe above it for ``cap_backoff`` readings, doubling
     (up to ``max_probe_backoff``) with each probe above it that fails. Kept apart from the
@@ -986,7 +1002,9 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         # Work waiting while the cache has room: the running count is the cap, however old the
         # reading (the backend was full then), so the cut goes all the way to it at once.
         kept = 0 if capped else math.ceil(width * (1 - params["max_cut"]))
-        target = max(bounds.floor, running, kept)
+        # Where the cache binds (it has no room for one more), what runs is at its edge.
+        at_edge = not capped and g.complete and g.kv_usage is not None
+        target = max(bounds.floor, _kv_edge(running) if at_edge else running, kept)
         if target >= width:
             return _hold(width, f"saturated ({why}) with {running} running, at or above the width{partial}")
         probed = _probing_above(width, memo)
@@ -997,7 +1015,9 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             _cap_measured(memo, params, confirmed=confirmed, probed=cap is not None and width > cap)
         cap_why = (f"; the running cap {running} (KV cache {g.kv_usage:.0%})"
                    + ("" if confirmed else ", to be confirmed by a probe") if capped else "")
-        return Proposal(target, "cut", f"saturated ({why}); cut to the {running} running{cap_why}{partial}")
+        cut_to = f"the {running} running" if not at_edge or target != _kv_edge(running) else \
+            f"{target}, below the {running} running at the cache's edge"
+        return Proposal(target, "cut", f"saturated ({why}); cut to {cut_to}{cap_why}{partial}")
     # Near full by the gauges *and* by the lane's own count: the gauges lag dispatch by
     # seconds, so a scrape can still show the lane's last burst after it has emptied.
     near_full = params["near_full"] * width

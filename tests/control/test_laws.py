@@ -212,8 +212,8 @@ def test_at_a_running_cap_a_probe_waits_cap_backoff_readings_and_a_cut_by_the_ca
         if holds == 5:  # long contexts fill the cache at 60, then the mix is short again
             cut = vllm_law(Signals(width=100, in_flight=100, waiting=50, gauges=gauges(60, 40, 40, kv=1.0)),
                            WIDE, VLLM, memo)
-            assert cut.width == 60
-            back = vllm_law(Signals(width=60, in_flight=60, waiting=50, gauges=gauges(60, kv=0.3)), WIDE, VLLM, memo)
+            assert cut.width == 58  # a share below the 60 at the cache's edge
+            back = vllm_law(Signals(width=58, in_flight=58, waiting=50, gauges=gauges(58, kv=0.3)), WIDE, VLLM, memo)
             assert back.width == 100 and "running cap 100" in back.reason  # the room, up to the cap
         assert holds < 100
     assert holds == VLLM["cap_backoff"] - 3  # the two readings of the cache episode count too
@@ -650,7 +650,7 @@ def test_room_for_no_more_than_the_width_that_just_failed_waits_the_probe_back_o
     assert vllm_law(tight, WIDE, VLLM, memo).width == 21
     pauses = []
     for _ in range(4):
-        assert vllm_law(failing, WIDE, VLLM, memo).width == 20
+        assert vllm_law(failing, WIDE, VLLM, memo).width == 19  # a request below the cache's edge
         holds = 0
         while (proposal := vllm_law(tight, WIDE, VLLM, memo)).decision == "hold":
             assert "no more than the 21 that failed" in proposal.reason
@@ -768,8 +768,8 @@ def test_answers_that_fall_short_read_the_gauges_at_the_next_decision_and_a_stal
     # read once more.
     stale = vllm_law(answers(100, 118, g=gauges(100, kv=0.47)), WIDE, VLLM, memo)
     assert stale.decision != "cut" and memo["call_s"] == 100 * 5.0 / 150 and wants_reading({"vllm": memo})
-    # The next one shows the drop: cut to what runs.
-    assert vllm_law(answers(100, 118, g=gauges(63, waiting=37, capacity=37, kv=0.99)), WIDE, VLLM, memo).width == 63
+    # The next one shows the drop: cut to what runs (a share below it: the cache binds).
+    assert vllm_law(answers(100, 118, g=gauges(63, waiting=37, capacity=37, kv=0.99)), WIDE, VLLM, memo).width == 61
 
 
 def test_a_second_reading_that_sees_nothing_waiting_makes_the_longer_calls_the_yardstick():
@@ -849,7 +849,23 @@ def test_without_the_capacity_gauge_waiting_above_the_threshold_or_a_full_kv_cac
     legacy = Gauges(ok=True, running=8, waiting=3, waiting_capacity=None, kv_usage=0.7)
     assert vllm_law(Signals(width=12, in_flight=11, waiting=0, gauges=legacy), WIDE, VLLM, {}).width == 8
     full_cache = Gauges(ok=True, running=9, waiting=0, waiting_capacity=0, kv_usage=0.99)
-    assert vllm_law(Signals(width=12, in_flight=12, waiting=0, gauges=full_cache), WIDE, VLLM, {}).width == 9
+    # The cache binds: a request below the running count at its edge (see the test below).
+    assert vllm_law(Signals(width=12, in_flight=12, waiting=0, gauges=full_cache), WIDE, VLLM, {}).width == 8
+
+
+def test_a_cut_where_the_kv_cache_binds_goes_below_the_running_count_at_its_edge():
+    # Capacity 100 -> 50 by the cache: 53 running at 98 % with 48 waiting. A width of 53 kept the
+    # cache at its edge, and a third of each interval's admissions waited or were preempted.
+    edge = Gauges(ok=True, running=53, waiting=48, waiting_capacity=48, kv_usage=0.98)
+    cut = vllm_law(Signals(width=100, in_flight=100, waiting=50, gauges=edge), WIDE, VLLM, {})
+    assert cut.decision == "cut" and cut.width == 51
+    assert "51, below the 53 running at the cache's edge" in cut.reason
+    # At the cut's width, a full cache with nothing waiting still cuts a share below what runs.
+    steady = Gauges(ok=True, running=51, waiting=0, waiting_capacity=0, kv_usage=0.98)
+    assert vllm_law(Signals(width=51, in_flight=51, waiting=50, gauges=steady), WIDE, VLLM, {}).width == 49
+    # Where max_num_seqs binds (the cache has room), the cut goes to the running count itself.
+    capped = Gauges(ok=True, running=100, waiting=5, waiting_capacity=5, kv_usage=0.47)
+    assert vllm_law(Signals(width=105, in_flight=105, waiting=50, gauges=capped), WIDE, VLLM, {}).width == 100
 
 
 def test_a_failed_scrape_holds_the_last_good_width():
