@@ -106,6 +106,8 @@ def run_demo(settings: Settings, *, requests: int = 160, catalog: Path | None = 
         console.print(f"applied {catalog.name}: {len(table.pools)} pools, {len(table.models)} models, "
                       f"{len(table.workflows)} workflows ({len(changes.changes)} changes)"
                       + (f"; vllm controller on {ADAPTIVE_POOL}" if adaptive else ""))
+        if started_redis:
+            _start_over(settings, redis_url, table)
         _provision(settings, redis_url, table, started_redis or not changes.empty)
         # Before the beat starts: its start-up scan creates these chats' memory runs.
         chats = memory_demo.ingest_demo_chats(settings)
@@ -229,6 +231,32 @@ def _provision(settings: Settings, redis_url: str, table, nobody_holds: bool) ->
     client = connect(redis_url)
     try:
         provision_lanes(client, settings, table)
+    finally:
+        client.close()
+
+
+def _start_over(settings: Settings, redis_url: str, table) -> None:
+    """Each run of the demo starts where the first did, when it started Redis itself.
+
+    The embedded Redis keeps an append-only file. A second run read back the first
+    one's lanes under a new server run, which every lane answers with a quiet period
+    of one lease (every request of the workload waited about 20 s), and the dialog
+    pool's learned width (a cap of 3 from the last run's capacity change, where this
+    run's backend starts at 6). No process can hold a slot or wait in a lane of a
+    Redis this run just started: the lanes' state and the learned widths go, and
+    ``_provision`` creates the lanes afresh.
+    """
+    from lanes.control.store import ControlStore
+    from lanes.lane.keys import LaneKeys
+    from lanes.namespace import Namespace
+    from lanes.pools import lane_key
+
+    client = connect(redis_url)
+    try:
+        store = ControlStore(client, Namespace(settings.key_prefix))
+        for pool in table.pools.values():
+            store.forget(pool.id)
+            client.delete(*LaneKeys(settings.key_prefix, lane_key(pool)).all())
     finally:
         client.close()
 

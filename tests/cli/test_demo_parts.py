@@ -54,3 +54,58 @@ def test_a_plot_path_the_demo_cannot_write_is_refused_before_anything_starts(tmp
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.startswith("error: --plot ") and "a-file" in done.stderr and "Traceback" not in done.stderr
     assert not (tmp_path / "state" / "redis").exists()  # nothing was started
+
+
+def test_a_second_run_of_the_demo_finds_no_quiet_lane_and_no_width_learned_before(make_settings):
+    # The embedded Redis keeps an append-only file: a run that starts it again found the last
+    # run's lanes, each in a quiet period of one lease (a new server run), and the dialog pool's
+    # width learned in that run (every request waited about 20 s; the controller started at a
+    # cap of 3 for a backend of 6). The demo starts them over.
+    import redis
+
+    from lanes.catalog import apply_document, load_routing, open_catalog, read_document
+    from lanes.catalog.controllers import kinds_text
+    from lanes.control.store import ControlStore
+    from lanes.demo.run import EXAMPLE_CATALOG, _provision, _start_over
+    from lanes.embedded import EmbeddedRedis
+    from lanes.namespace import Namespace
+    from lanes.pools import decide_width, pool_lane
+
+    settings = make_settings()
+    server = EmbeddedRedis(settings.state_dir / "redis")
+    url = server.ensure()
+    engine = open_catalog(settings)
+    try:
+        document = read_document(EXAMPLE_CATALOG)
+        with_controller(document)  # as the demo applies it
+        apply_document(engine, document)
+        table = load_routing(engine)
+    finally:
+        engine.dispose()
+    pool = table.pools[ADAPTIVE_POOL]
+    try:
+        _provision(settings, url, table, True)
+        client = redis.Redis.from_url(url)
+        lane = pool_lane(client, settings, pool)
+        assert lane.try_acquire("interactive") is not None  # a slot the last run's workers held
+        client.hset(Namespace(settings.key_prefix).control_state(pool.id), mapping={
+            "width": 3, "configured": pool.width, "kinds": kinds_text(pool), "generation": 1})
+        lane.close()
+        client.close()
+        server.stop()
+        url = server.ensure()  # the next run starts it again: the file is read back
+        client = redis.Redis.from_url(url)
+        lane = pool_lane(client, settings, pool)
+        store = ControlStore(client, Namespace(settings.key_prefix))
+        before = lane.stats()
+        assert before.quiet_seconds > 0  # what the second run met: a new server run, a quiet lane
+        assert decide_width(pool, store.read(pool.id)) == 3
+        _start_over(settings, url, table)
+        _provision(settings, url, table, True)
+        after = lane.stats()
+        assert after.quiet_seconds == 0 and after.in_flight == 0 and after.width == pool.width
+        assert decide_width(pool, store.read(pool.id)) == pool.width
+        lane.close()
+        client.close()
+    finally:
+        server.stop()
