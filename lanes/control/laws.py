@@ -1004,7 +1004,8 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
         kept = 0 if capped else math.ceil(width * (1 - params["max_cut"]))
         # Where the cache binds (it has no room for one more), what runs is at its edge.
         at_edge = not capped and g.complete and g.kv_usage is not None
-        target = max(bounds.floor, _kv_edge(running) if at_edge else running, kept)
+        edge = _kv_edge(running) if at_edge else running
+        target = max(bounds.floor, edge, kept)
         if target >= width:
             return _hold(width, f"saturated ({why}) with {running} running, at or above the width{partial}")
         probed = _probing_above(width, memo)
@@ -1015,8 +1016,8 @@ def _vllm_proposal(s: Signals, bounds: Bounds, params: dict, memo: dict) -> Prop
             _cap_measured(memo, params, confirmed=confirmed, probed=cap is not None and width > cap)
         cap_why = (f"; the running cap {running} (KV cache {g.kv_usage:.0%})"
                    + ("" if confirmed else ", to be confirmed by a probe") if capped else "")
-        cut_to = f"the {running} running" if not at_edge or target != _kv_edge(running) else \
-            f"{target}, below the {running} running at the cache's edge"
+        cut_to = (f"{target}, below the {running} running at the cache's edge" if target == edge < running
+                  else f"the {running} running")
         return Proposal(target, "cut", f"saturated ({why}); cut to {cut_to}{cap_why}{partial}")
     # Near full by the gauges *and* by the lane's own count: the gauges lag dispatch by
     # seconds, so a scrape can still show the lane's last burst after it has emptied.

@@ -247,16 +247,15 @@ def _start_over(settings: Settings, redis_url: str, table) -> None:
     ``_provision`` creates the lanes afresh.
     """
     from lanes.control.store import ControlStore
-    from lanes.lane.keys import LaneKeys
     from lanes.namespace import Namespace
-    from lanes.pools import lane_key
+    from lanes.pools import pool_lane
 
     client = connect(redis_url)
     try:
         store = ControlStore(client, Namespace(settings.key_prefix))
         for pool in table.pools.values():
             store.forget(pool.id)
-            client.delete(*LaneKeys(settings.key_prefix, lane_key(pool)).all())
+            client.delete(*pool_lane(client, settings, pool).keys.all())
     finally:
         client.close()
 
